@@ -1,0 +1,32 @@
+#pragma once
+/// \file error.hpp
+/// The one exception type of the library.
+
+#include <stdexcept>
+#include <string>
+
+namespace cgx {
+
+/// What went wrong, for callers that want to branch on it.
+enum class errc {
+  invalid_argument,  ///< a null buffer, a count above the plan's capacity, a bad option
+  mismatch,          ///< ranks disagree on a collective's arguments (count, type, quantizer)
+  workspace,         ///< a caller-supplied workspace is too small for this plan
+  communicator,      ///< a null or unusable communicator, or one of the wrong size
+  transport,         ///< the transport (MPI, CUDA, ...) reported a failure
+  cuda,              ///< a CUDA runtime call failed
+};
+
+/// Thrown by every host entry point of cgx on bad input or a failed transport.
+/// When an allreduce throws before moving data, the caller's buffer is untouched.
+class error : public std::runtime_error {
+ public:
+  error(errc code, const std::string& what) : std::runtime_error("cgx: " + what), code_(code) {}
+  /// The category of the failure.
+  [[nodiscard]] errc code() const noexcept { return code_; }
+
+ private:
+  errc code_;
+};
+
+}  // namespace cgx
