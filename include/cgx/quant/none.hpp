@@ -1,0 +1,49 @@
+#pragma once
+/// \file none.hpp
+/// `cgx::quant::none`: the uncompressed passthrough quantizer. The wire carries the
+/// values as they are; a reduction through it is exact up to the order of additions.
+
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+
+#include "host_exec.hpp"
+#include "rounding.hpp"
+
+namespace cgx::quant {
+
+/// Passthrough: compressed bytes are the raw values. Any trivially copyable arithmetic T.
+struct none {
+  static constexpr int bits = 0;  ///< 0 marks "uncompressed"
+  static constexpr std::size_t bucket_size = 0;
+  using rounding = nearest;
+  static constexpr bool lossless = true;
+
+  template <class T>
+  static constexpr std::size_t compressed_bytes(std::size_t n) noexcept {
+    return n * sizeof(T);
+  }
+
+  template <class T>
+  static void compress(const T* in, std::size_t n, std::byte* out, const rng_state& = {}, host_exec = {}) {
+    if (n != 0) std::memcpy(out, in, n * sizeof(T));
+  }
+
+  template <class T>
+  static void decompress(const std::byte* in, std::size_t n, T* out, host_exec = {}) {
+    if (n != 0) std::memcpy(out, in, n * sizeof(T));
+  }
+
+  template <class T>
+  static void decompress_add(const std::byte* in, std::size_t n, T* out, host_exec ex = {}) {
+    for_each_range(ex, n, [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i) {
+        T v;
+        std::memcpy(&v, in + i * sizeof(T), sizeof(T));
+        out[i] += v;
+      }
+    });
+  }
+};
+
+}  // namespace cgx::quant
