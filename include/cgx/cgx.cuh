@@ -1,0 +1,12 @@
+#pragma once
+/// \file cgx.cuh
+/// The full umbrella header of cgx, for .cu files: the quantizers with their CUDA
+/// kernels (<cgx/quant.cuh>, no MPI needed) and, when <mpi.h> is on the include path,
+/// everything of the host umbrella <cgx/cgx.hpp> (collectives, transports, plans).
+/// Code that must build without MPI includes <cgx/quant.cuh> directly.
+
+#include "quant.cuh"
+
+#if __has_include(<mpi.h>)
+#include "cgx.hpp"
+#endif
