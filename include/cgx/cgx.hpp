@@ -1,0 +1,23 @@
+#pragma once
+/// \file cgx.hpp
+/// The host umbrella header of cgx: everything that compiles with a plain C++20
+/// compiler and MPI. CUDA code includes <cgx/cgx.cuh> instead.
+
+#include "config.hpp"
+#include "error.hpp"
+#include "concepts.hpp"
+#include "dispatch.hpp"
+#include "quant/rounding.hpp"
+#include "quant/philox.hpp"
+#include "quant/wire_format.hpp"
+#include "quant/host_exec.hpp"
+#include "quant/none.hpp"
+#include "quant/maxmin.hpp"
+#include "comm/mpi.hpp"
+#include "comm/shm.hpp"
+#include "comm/chunking.hpp"
+#include "comm/scatter_reduce_allgather.hpp"
+#include "comm/ring.hpp"
+#include "comm/tree.hpp"
+#include "comm/hierarchical.hpp"
+#include "allreduce_plan.hpp"

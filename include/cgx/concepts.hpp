@@ -1,0 +1,70 @@
+#pragma once
+/// \file concepts.hpp
+/// The three policy concepts of cgx: quantizer, transport, reducer. Public templates
+/// check them with `static_assert`s that say in plain English what is wrong.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "quant/host_exec.hpp"
+#include "quant/none.hpp"
+#include "quant/rounding.hpp"
+
+namespace cgx {
+
+/// Q turns values of type T into bytes and back on the host: `compressed_bytes<T>(n)`,
+/// `compress<T>`, `decompress<T>`, `decompress_add<T>`, and says whether it is `lossless`.
+template <class Q, class T>
+concept quantizer_for = requires(const T* in, T* out, std::size_t n, std::byte* w, const std::byte* r,
+                                 const quant::rng_state& rng, quant::host_exec ex) {
+  { Q::template compressed_bytes<T>(n) } -> std::convertible_to<std::size_t>;
+  Q::template compress<T>(in, n, w, rng, ex);
+  Q::template decompress<T>(r, n, out, ex);
+  Q::template decompress_add<T>(r, n, out, ex);
+  { Q::lossless } -> std::convertible_to<bool>;
+  { Q::bits } -> std::convertible_to<int>;
+  { Q::bucket_size } -> std::convertible_to<std::size_t>;
+};
+
+/// X moves bytes between the ranks of one group: `rank()`, `size()`, non-blocking
+/// `isend`/`irecv` returning `X::request`, `wait_all` on a span of requests, and a
+/// small collective `max_all` (element-wise maximum of int64 values over all ranks,
+/// in place) used to check that ranks agree on a call's arguments.
+template <class X>
+concept transport = requires(X& x, const X& cx, void* p, const void* cp, std::size_t bytes, int peer, int tag,
+                             std::span<typename X::request> reqs, std::span<std::int64_t> vals) {
+  typename X::request;
+  { cx.rank() } -> std::convertible_to<int>;
+  { cx.size() } -> std::convertible_to<int>;
+  { x.isend(cp, bytes, peer, tag) } -> std::same_as<typename X::request>;
+  { x.irecv(p, bytes, peer, tag) } -> std::same_as<typename X::request>;
+  x.wait_all(reqs);
+  x.max_all(vals);
+};
+
+namespace detail {
+/// A type that models `transport` and nothing else; used to check reducers.
+struct transport_archetype {
+  struct request {};
+  int rank() const;
+  int size() const;
+  request isend(const void*, std::size_t, int, int);
+  request irecv(void*, std::size_t, int, int);
+  void wait_all(std::span<request>);
+  void max_all(std::span<std::int64_t>);
+};
+static_assert(transport<transport_archetype>);
+}  // namespace detail
+
+/// R is a reduction schedule: a `name` and a nested `schedule<T, Q, X>` that knows its
+/// workspace size for n values on p ranks and runs the reduction.
+template <class R>
+concept reducer = requires(std::size_t n, int p) {
+  { R::name } -> std::convertible_to<const char*>;
+  { R::template schedule<float, quant::none, detail::transport_archetype>::workspace_bytes(n, p) }
+      -> std::convertible_to<std::size_t>;
+};
+
+}  // namespace cgx
