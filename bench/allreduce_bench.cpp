@@ -1,0 +1,294 @@
+// allreduce_bench: cgx's compressed allreduce against MPI_Allreduce, measured in the
+// same run over the same data, with the flags and columns of nccl-tests.
+//
+//   mpirun -np 4 allreduce_bench -b 4K -e 256M -f 4 [-n 10] [-w 2] [-c 1]
+//       [--bits 2,4,8,32] [--bucket 1024] [--rounding stochastic|nearest]
+//       [--reducer sra|ring|tree|hier] [--transport mpi|shm] [--dtype float|double]
+//       [--native-below BYTES] [--link NAME] [--json FILE]
+//
+// --bits 32 (float) or 64 (double) is the uncompressed passthrough. busbw is computed
+// on the uncompressed size: algbw * 2(p-1)/p. Each iteration restores the input, so
+// every call reduces the same data; the time of an iteration is the maximum over
+// ranks; a row reports the median over iterations. cgx and MPI_Allreduce alternate
+// iteration by iteration so that both see the same machine noise.
+#include <cgx/cgx.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct options {
+  std::size_t min_bytes = 4 << 10;
+  std::size_t max_bytes = 64 << 20;
+  double factor = 4;
+  int iters = 10;
+  int warmup = 2;
+  int check = 1;
+  std::vector<int> bits = {4};
+  int bucket = 1024;
+  std::string rounding = "stochastic";
+  std::string reducer = "sra";
+  std::string transport = "mpi";
+  std::string dtype = "float";
+  long long native_below = -1;  // -1: plan default
+  std::string link = "none";
+  std::string json;
+};
+
+[[noreturn]] void usage_error(const std::string& what) {
+  std::fprintf(stderr, "allreduce_bench: %s (see the comment at the top of bench/allreduce_bench.cpp)\n", what.c_str());
+  std::exit(2);
+}
+
+std::size_t parse_size(const std::string& s) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  double mul = 1;
+  if (end && *end) {
+    switch (*end) {
+      case 'K': case 'k': mul = 1024; break;
+      case 'M': case 'm': mul = 1024.0 * 1024; break;
+      case 'G': case 'g': mul = 1024.0 * 1024 * 1024; break;
+      default: usage_error("bad size " + s);
+    }
+  }
+  if (!(v >= 0)) usage_error("bad size " + s);
+  return static_cast<std::size_t>(v * mul);
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "-b") o.min_bytes = parse_size(val());
+    else if (a == "-e") o.max_bytes = parse_size(val());
+    else if (a == "-f") o.factor = std::atof(val().c_str());
+    else if (a == "-n") o.iters = std::atoi(val().c_str());
+    else if (a == "-w") o.warmup = std::atoi(val().c_str());
+    else if (a == "-c") o.check = std::atoi(val().c_str());
+    else if (a == "--bits") {
+      o.bits.clear();
+      std::stringstream ss(val());
+      for (std::string t; std::getline(ss, t, ',');) o.bits.push_back(std::atoi(t.c_str()));
+    } else if (a == "--bucket") o.bucket = std::atoi(val().c_str());
+    else if (a == "--rounding") o.rounding = val();
+    else if (a == "--reducer") o.reducer = val();
+    else if (a == "--transport") o.transport = val();
+    else if (a == "--dtype") o.dtype = val();
+    else if (a == "--native-below") o.native_below = std::atoll(val().c_str());
+    else if (a == "--link") o.link = val();
+    else if (a == "--json") o.json = val();
+    else usage_error("unknown argument " + a);
+  }
+  if (o.min_bytes == 0 || o.max_bytes < o.min_bytes || o.factor <= 1 || o.iters < 1 || o.warmup < 0)
+    usage_error("need 0 < -b <= -e, -f > 1, -n >= 1, -w >= 0");
+  return o;
+}
+
+// Gradient-like data, different on every rank.
+template <class T>
+void fill(std::vector<T>& x, int rank) {
+  std::uint64_t s = 0x9e3779b97f4a7c15ull * static_cast<std::uint64_t>(rank + 1) + 12345;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    const double u = static_cast<double>(s >> 11) * 0x1p-53;
+    const double scale = std::pow(10.0, -3.0 + static_cast<double>((i >> 16) % 4));
+    x[i] = static_cast<T>(scale * (u - 0.5) * 3.4);
+  }
+}
+
+// A type-erased plan: sums buf[0..n) in place.
+using runner = std::function<void(void*, std::size_t)>;
+
+template <class T, class Q, class R, class X>
+runner make_plan(X x, std::size_t max_count, const options& o) {
+  cgx::plan_options po;
+  if (o.native_below >= 0) po.native_below_bytes = static_cast<std::size_t>(o.native_below);
+  auto plan = std::make_shared<cgx::allreduce_plan<T, Q, R, X>>(std::move(x), max_count, po);
+  return [plan](void* b, std::size_t n) { (*plan)(static_cast<T*>(b), n); };
+}
+
+template <class T, class Q, class R>
+runner with_transport(std::size_t max_count, const options& o) {
+  if (o.transport == "mpi") return make_plan<T, Q, R>(cgx::comm::mpi{MPI_COMM_WORLD}, max_count, o);
+  if (o.transport == "shm") {
+    if constexpr (std::is_same_v<R, cgx::comm::hierarchical<cgx::comm::scatter_reduce_allgather, cgx::comm::ring>>)
+      usage_error("--reducer hier needs --transport mpi");
+    else
+      return make_plan<T, Q, R>(cgx::comm::shm{MPI_COMM_WORLD}, max_count, o);
+  }
+  usage_error("unknown transport " + o.transport);
+}
+
+template <class T, class Q>
+runner with_reducer(std::size_t max_count, const options& o) {
+  if (o.reducer == "sra") return with_transport<T, Q, cgx::comm::scatter_reduce_allgather>(max_count, o);
+  if (o.reducer == "ring") return with_transport<T, Q, cgx::comm::ring>(max_count, o);
+  if (o.reducer == "tree") return with_transport<T, Q, cgx::comm::tree>(max_count, o);
+  if (o.reducer == "hier")
+    return with_transport<T, Q, cgx::comm::hierarchical<cgx::comm::scatter_reduce_allgather, cgx::comm::ring>>(
+        max_count, o);
+  usage_error("unknown reducer " + o.reducer);
+}
+
+// Run-time bits/bucket/rounding to types, over the compiled set.
+template <class T>
+runner make_runner(int bits, std::size_t max_count, const options& o) {
+  if (bits == 8 * static_cast<int>(sizeof(T))) return with_reducer<T, cgx::quant::none>(max_count, o);
+  return cgx::dispatch<1, 2, 4, 8>(bits, [&](auto b) -> runner {
+    return cgx::dispatch<128, 512, 1024>(o.bucket, [&](auto k) -> runner {
+      constexpr int B = decltype(b)::value;
+      constexpr std::size_t K = static_cast<std::size_t>(decltype(k)::value);
+      if (o.rounding == "stochastic") return with_reducer<T, cgx::quant::maxmin<B, K, cgx::quant::stochastic>>(max_count, o);
+      if (o.rounding == "nearest") return with_reducer<T, cgx::quant::maxmin<B, K, cgx::quant::nearest>>(max_count, o);
+      usage_error("unknown rounding " + o.rounding);
+    });
+  });
+}
+
+template <class T>
+std::size_t wire_bytes(int bits, int bucket, std::size_t n) {
+  if (bits == 8 * static_cast<int>(sizeof(T))) return n * sizeof(T);
+  return cgx::dispatch<1, 2, 4, 8>(bits, [&](auto b) {
+    return cgx::dispatch<128, 512, 1024>(bucket, [&](auto k) {
+      return cgx::quant::maxmin<decltype(b)::value, static_cast<std::size_t>(decltype(k)::value)>::template compressed_bytes<T>(n);
+    });
+  });
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <class T>
+int run(const options& o, int rank, int p) {
+  const MPI_Datatype mt = std::is_same_v<T, float> ? MPI_FLOAT : MPI_DOUBLE;
+  const std::size_t max_count = o.max_bytes / sizeof(T);
+  std::vector<T> input(max_count), work(max_count), mpi_work(max_count);
+  fill(input, rank);
+  std::vector<runner> plans;
+  for (int b : o.bits) plans.push_back(make_runner<T>(b, max_count, o));
+
+  FILE* js = nullptr;
+  if (rank == 0 && !o.json.empty()) {
+    js = std::fopen(o.json.c_str(), "w");
+    if (!js) usage_error("cannot write " + o.json);
+    std::fprintf(js, "[\n");
+  }
+  bool first_record = true;
+  if (rank == 0) {
+    std::printf("# allreduce_bench: %d ranks, dtype %s, reducer %s, transport %s, bucket %d, rounding %s, link %s\n", p,
+                o.dtype.c_str(), o.reducer.c_str(), o.transport.c_str(), o.bucket, o.rounding.c_str(), o.link.c_str());
+    std::printf("# time: median over %d iterations (after %d warm-up) of the max over ranks; MPI_Allreduce timed in "
+                "the same loop\n", o.iters, o.warmup);
+    std::printf("%12s %11s %6s %5s %5s | %10s %8s %8s | %10s %8s | %7s %10s %10s\n", "size(B)", "count", "type", "redop",
+                "bits", "time(us)", "algbw", "busbw", "mpi(us)", "speedup", "ratio", "max_abs", "rel_l2");
+  }
+  std::vector<double> exact;
+  for (double sz = static_cast<double>(o.min_bytes); sz <= static_cast<double>(o.max_bytes) * 1.0000001; sz *= o.factor) {
+    const std::size_t n = static_cast<std::size_t>(sz) / sizeof(T);
+    if (n == 0) continue;
+    if (o.check) {
+      exact.assign(input.begin(), input.begin() + static_cast<std::ptrdiff_t>(n));
+      MPI_Allreduce(MPI_IN_PLACE, exact.data(), static_cast<int>(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    }
+    for (std::size_t k = 0; k < plans.size(); ++k) {
+      if (rank == 0) std::fprintf(stderr, "\r[bench] %zu bytes, %d bits ...      ", n * sizeof(T), o.bits[k]);
+      std::vector<double> tc, tm;
+      for (int it = 0; it < o.warmup + o.iters; ++it) {
+        std::memcpy(work.data(), input.data(), n * sizeof(T));
+        std::memcpy(mpi_work.data(), input.data(), n * sizeof(T));
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = MPI_Wtime();
+        plans[k](work.data(), n);
+        double t = MPI_Wtime() - t0;
+        MPI_Barrier(MPI_COMM_WORLD);
+        t0 = MPI_Wtime();
+        MPI_Allreduce(MPI_IN_PLACE, mpi_work.data(), static_cast<int>(n), mt, MPI_SUM, MPI_COMM_WORLD);
+        double tb = MPI_Wtime() - t0;
+        double both[2] = {t, tb};
+        MPI_Allreduce(MPI_IN_PLACE, both, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        if (it >= o.warmup) {
+          tc.push_back(both[0]);
+          tm.push_back(both[1]);
+        }
+      }
+      double max_abs = 0, rel = 0;
+      if (o.check) {
+        double num = 0, den = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          const double e = static_cast<double>(work[i]) - exact[i];
+          max_abs = std::max(max_abs, std::fabs(e));
+          num += e * e;
+          den += exact[i] * exact[i];
+        }
+        rel = den > 0 ? std::sqrt(num / den) : 0;
+      }
+      if (rank == 0) {
+        const double t = median(tc), tb = median(tm);
+        const double bytes = static_cast<double>(n * sizeof(T));
+        const double algbw = bytes / t / 1e9, busbw = algbw * 2.0 * (p - 1) / p;
+        const double ratio = bytes / static_cast<double>(std::max<std::size_t>(1, wire_bytes<T>(o.bits[k], o.bucket, n)));
+        std::fprintf(stderr, "\r");
+        std::printf("%12zu %11zu %6s %5s %5d | %10.1f %8.3f %8.3f | %10.1f %7.2fx | %6.2fx %10.3e %10.3e\n",
+                    n * sizeof(T), n, o.dtype.c_str(), "sum", o.bits[k], t * 1e6, algbw, busbw, tb * 1e6, tb / t, ratio,
+                    max_abs, rel);
+        std::fflush(stdout);
+        if (js) {
+          std::fprintf(js,
+                       "%s  {\"bytes\": %zu, \"count\": %zu, \"dtype\": \"%s\", \"ranks\": %d, \"reducer\": \"%s\", "
+                       "\"transport\": \"%s\", \"bits\": %d, \"bucket\": %d, \"rounding\": \"%s\", \"link\": \"%s\", "
+                       "\"time_s\": %.6e, \"algbw_gbps\": %.5f, \"busbw_gbps\": %.5f, \"mpi_time_s\": %.6e, "
+                       "\"speedup\": %.5f, \"ratio\": %.4f, \"max_abs_err\": %.6e, \"rel_l2\": %.6e}",
+                       first_record ? "" : ",\n", n * sizeof(T), n, o.dtype.c_str(), p, o.reducer.c_str(),
+                       o.transport.c_str(), o.bits[k], o.bucket, o.rounding.c_str(), o.link.c_str(), t, algbw, busbw,
+                       tb, tb / t, ratio, max_abs, rel);
+          first_record = false;
+        }
+      }
+    }
+  }
+  if (js) {
+    std::fprintf(js, "\n]\n");
+    std::fclose(js);
+  }
+  if (rank == 0) std::fprintf(stderr, "\r[bench] done.                              \n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, p = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  const options o = parse(argc, argv);
+  int rc = 0;
+  try {
+    if (o.dtype == "float") rc = run<float>(o, rank, p);
+    else if (o.dtype == "double") rc = run<double>(o, rank, p);
+    else usage_error("unknown dtype " + o.dtype);
+  } catch (const cgx::error& e) {
+    std::fprintf(stderr, "allreduce_bench (rank %d): %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+  return rc;
+}

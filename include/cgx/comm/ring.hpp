@@ -1,0 +1,134 @@
+#pragma once
+/// \file ring.hpp
+/// `cgx::comm::ring`: the ring allreduce, with compression.
+///
+/// The buffer is cut into p chunks at bucket boundaries. Rank r sends to r + 1 and
+/// receives from r - 1 (mod p).
+///  1. reduce-scatter, p - 1 steps: at step s rank r compresses its running sum of
+///     chunk (r - s) mod p, sends it right, and adds the decoded chunk (r - s - 1) mod p
+///     that arrives from the left to its own. After p - 1 steps rank r holds the whole
+///     sum of chunk (r + 1) mod p.
+///  2. the owner compresses that sum once and decodes it into its own buffer.
+///  3. allgather, p - 1 steps: every rank forwards the compressed bytes it received
+///     unchanged and decodes them, so every rank ends with the owner's bits.
+///
+/// Traffic per rank: the same as SRA, 2 (p - 1)/p * compressed_bytes(n) sent, but in
+/// 2 (p - 1) messages of 1/p of the buffer to one neighbour only (no incast), so it
+/// suits rings of slow links; latency 2 (p - 1) steps.
+///
+/// Quantizations per element: the running sum of chunk c is re-quantized at each of
+/// the p - 1 hops (the chain c, c + 1, ..., c + p - 1), then once more by the owner: p
+/// in all. With S_k the exact partial sum after k contributions (k = 1..p-1) and u(.)
+/// the bucket unit of the quantity quantized at that hop,
+///
+///     |result_i - sum_i| <= sum_{k=1}^{p-1} c u(S~_k) + c u(S~_p),   c = 1/2 (nearest), 1 (stochastic)
+///
+/// where S~_k is the partial sum as carried (exact S_k plus the error so far), so
+/// u(S~_k) <= (range of S_k in the bucket + 2 * error so far) / (2^bits - 1); plus the
+/// floating-point rounding of the additions. The error grows with p: prefer SRA or
+/// tree for many ranks and few bits.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "../concepts.hpp"
+#include "../quant/host_exec.hpp"
+#include "../quant/rounding.hpp"
+#include "chunking.hpp"
+
+namespace cgx::comm {
+
+/// Ring reduce-scatter with re-quantized partial sums, then a ring allgather that
+/// forwards compressed bytes (see the file comment for traffic and error).
+struct ring {
+  static constexpr const char* name = "ring";
+
+  /// Quantizations an element goes through on its longest path.
+  static constexpr int quantizations(int p) { return p > 1 ? p : 0; }
+
+  template <class T, class Q, class X>
+  class schedule {
+   public:
+    static constexpr std::size_t granule = granule_of<Q>;
+
+    /// p slots for the compressed chunks of the allgather, plus one send and one
+    /// receive slot for the reduce-scatter.
+    static std::size_t workspace_bytes(std::size_t n, int p) {
+      return (static_cast<std::size_t>(p) + 2) * slot_bytes(n, p);
+    }
+
+    explicit schedule(X&) {}
+
+    static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule); }
+
+    /// In place sum over all ranks of buf[0..n). Collective.
+    void run(T* buf, std::size_t n, X& x, std::byte* ws, const quant::rng_state& rng, quant::host_exec ex) {
+      const int p = x.size();
+      const int me = x.rank();
+      if (p == 1 || n == 0) return;
+      const std::size_t slot = slot_bytes(n, p);
+      auto gslot = [&](int c) { return ws + static_cast<std::size_t>(c) * slot; };
+      std::byte* sbuf = ws + static_cast<std::size_t>(p) * slot;
+      std::byte* rbuf = sbuf + slot;
+      const int right = (me + 1) % p;
+      const int left = (me + p - 1) % p;
+      auto mod = [p](int v) { return ((v % p) + p) % p; };
+      auto bytes_of = [&](const chunk& c) { return Q::template compressed_bytes<T>(c.count); };
+
+      // 1. Reduce-scatter: one send and one receive in flight per step.
+      for (int s = 0; s + 1 < p; ++s) {
+        const chunk out = chunk_of(n, p, mod(me - s));
+        const chunk in = chunk_of(n, p, mod(me - s - 1));
+        typename X::request q[2];
+        int nq = 0;
+        if (in.count != 0) q[nq++] = x.irecv(rbuf, bytes_of(in), left, tag_reduce);
+        if (out.count != 0) {
+          quant::rng_state st = rng;
+          st.stream = static_cast<std::uint32_t>(me);
+          st.position = out.begin;
+          Q::template compress<T>(buf + out.begin, out.count, sbuf, st, ex);
+          q[nq++] = x.isend(sbuf, bytes_of(out), right, tag_reduce);
+        }
+        x.wait_all(std::span(q, static_cast<std::size_t>(nq)));
+        if (in.count != 0) Q::template decompress_add<T>(rbuf, in.count, buf + in.begin, ex);
+      }
+
+      // 2. The owner quantizes the finished sum once and keeps the decoded bytes.
+      const int own = mod(me + 1);
+      const chunk mine = chunk_of(n, p, own);
+      if (mine.count != 0) {
+        quant::rng_state st = rng;
+        st.stream = static_cast<std::uint32_t>(p + me);
+        st.position = mine.begin;
+        Q::template compress<T>(buf + mine.begin, mine.count, gslot(own), st, ex);
+        if constexpr (!Q::lossless) Q::template decompress<T>(gslot(own), mine.count, buf + mine.begin, ex);
+      }
+
+      // 3. Allgather: forward the compressed chunks unchanged.
+      for (int s = 0; s + 1 < p; ++s) {
+        const int cout = mod(me + 1 - s);
+        const int cin = mod(me - s);
+        const chunk out = chunk_of(n, p, cout);
+        const chunk in = chunk_of(n, p, cin);
+        typename X::request q[2];
+        int nq = 0;
+        if (in.count != 0) q[nq++] = x.irecv(gslot(cin), bytes_of(in), left, tag_gather);
+        if (out.count != 0) q[nq++] = x.isend(gslot(cout), bytes_of(out), right, tag_gather);
+        x.wait_all(std::span(q, static_cast<std::size_t>(nq)));
+        if (in.count != 0) Q::template decompress<T>(gslot(cin), in.count, buf + in.begin, ex);
+      }
+    }
+
+   private:
+    static constexpr int tag_reduce = 0x6369;
+    static constexpr int tag_gather = 0x636a;
+
+    static std::size_t slot_bytes(std::size_t n, int p) {
+      return round_to_line(Q::template compressed_bytes<T>(largest_chunk(n, p, granule)));
+    }
+  };
+};
+
+}  // namespace cgx::comm

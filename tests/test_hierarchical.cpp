@@ -1,0 +1,77 @@
+// hierarchical<Intra, Inter> over emulated nodes of two ranks (node = rank / 2):
+// 2 x 2 at four ranks, one node at two, one at one; three ranks make unequal nodes,
+// which the plan must refuse with cgx::error on every rank.
+#include <doctest/doctest.h>
+
+#include <cgx/cgx.hpp>
+
+#include <vector>
+
+#include "mpi_test_util.hpp"
+#include "reducer_checks.hpp"
+
+namespace {
+using namespace cgx_test;
+using cgx::allreduce_plan;
+using cgx::comm::mpi;
+using SRA = cgx::comm::scatter_reduce_allgather;
+
+mpi two_per_node() { return mpi{MPI_COMM_WORLD, mpi::nodes{world_rank() / 2}}; }
+
+template <class H, class T, class Q>
+void run_matrix() {
+  const int r = world_rank();
+  const int p = world_size();
+  if (p == 3) {
+    bool threw = false;
+    try {
+      allreduce_plan<T, Q, H, mpi> plan{two_per_node(), 100};
+    } catch (const cgx::error& e) {
+      threw = e.code() == cgx::errc::communicator;
+    }
+    CHECK(threw);
+    return;
+  }
+  allreduce_plan<T, Q, H, mpi> plan{two_per_node(), 70000, schedule_always()};
+  const int K = cgx::comm::scatter_reduce_allgather::quantizations(std::min(p, 2)) +
+                cgx::comm::ring::quantizations(p / 2 > 0 ? (p + 1) / 2 : 1);
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{1023}, std::size_t{1025},
+                        std::size_t{4099}, std::size_t{65537}}) {
+    CAPTURE(n);
+    if constexpr (Q::lossless) {
+      auto v = integer_inputs<T>(r, n);
+      std::vector<T> want(n);
+      MPI_Allreduce(v.data(), want.data(), static_cast<int>(n), std::is_same_v<T, float> ? MPI_FLOAT : MPI_DOUBLE,
+                    MPI_SUM, MPI_COMM_WORLD);
+      plan(v.data(), n);
+      CHECK(v == want);
+    } else {
+      auto v = inputs<T>(r, n, 3 * n);
+      plan(v.data(), n);
+      CHECK(identical_on_all_ranks(v));
+      CHECK(outside_generic_bound<T, Q>(v, 3 * n, K) == 0);
+    }
+  }
+}
+
+using H = cgx::comm::hierarchical<SRA, cgx::comm::ring>;
+}  // namespace
+
+TEST_CASE("hierarchical<SRA, ring> over emulated nodes of two ranks") {
+  run_matrix<H, float, cgx::quant::none>();
+  run_matrix<H, double, cgx::quant::none>();
+  run_matrix<H, float, cgx::quant::maxmin<4, 1024, cgx::quant::stochastic>>();
+  run_matrix<H, float, cgx::quant::maxmin<8, 512, cgx::quant::nearest>>();
+  run_matrix<H, double, cgx::quant::maxmin<2, 256, cgx::quant::stochastic>>();
+}
+
+TEST_CASE("hierarchical<tree, SRA> on MPI's own node split (one node here)") {
+  const int r = world_rank();
+  using HT = cgx::comm::hierarchical<cgx::comm::tree, SRA>;
+  using Q = cgx::quant::maxmin<4, 1024, cgx::quant::nearest>;
+  allreduce_plan<float, Q, HT, mpi> plan{mpi{MPI_COMM_WORLD}, 5000, schedule_always()};
+  auto v = inputs<float>(r, 5000, 8);
+  plan(v.data(), v.size());
+  CHECK(identical_on_all_ranks(v));
+  CHECK(outside_generic_bound<float, Q>(v, 8, cgx::comm::tree::quantizations(world_size())) == 0);
+}

@@ -1,0 +1,92 @@
+// Non-blocking start()/wait(), and the native-allreduce fallback below the threshold.
+#include <doctest/doctest.h>
+
+#include <cgx/cgx.hpp>
+
+#include <vector>
+
+#include "mpi_test_util.hpp"
+
+namespace {
+using namespace cgx_test;
+using cgx::allreduce_plan;
+using cgx::comm::mpi;
+using SRA = cgx::comm::scatter_reduce_allgather;
+using Q4 = cgx::quant::maxmin<4, 1024, cgx::quant::stochastic>;
+}  // namespace
+
+TEST_CASE("start()/wait() gives the bits of the blocking call, while the caller computes") {
+  const int r = world_rank();
+  const std::size_t n = 200000;
+  allreduce_plan<float, Q4, SRA, mpi> blocking{mpi{MPI_COMM_WORLD}, n, schedule_always()};
+  allreduce_plan<float, Q4, cgx::comm::ring, mpi> ringp{mpi{MPI_COMM_WORLD}, n, schedule_always()};
+  allreduce_plan<float, Q4, SRA, mpi> overlapped{mpi{MPI_COMM_WORLD}, n, schedule_always()};
+  for (int call = 0; call < 3; ++call) {
+    auto a = inputs<float>(r, n, 100 + static_cast<unsigned>(call));
+    auto b = a;
+    blocking(a.data(), n);
+    overlapped.start(b.data(), n);
+    CHECK(overlapped.in_flight());
+    double busy = 0;  // the "training step" that overlaps the reduction
+    for (int i = 0; i < 200000; ++i) busy += 1e-9 * i;
+    overlapped.wait();
+    CHECK(!overlapped.in_flight());
+    CHECK(busy > 0);
+    CHECK(a == b);
+    CHECK(identical_on_all_ranks(b));
+  }
+  auto c = inputs<float>(r, n, 7);
+  ringp.start(c.data(), n);
+  ringp.wait();
+  CHECK(identical_on_all_ranks(c));
+}
+
+TEST_CASE("start(): bad input throws at once, buffer untouched; misuse is refused") {
+  const int r = world_rank();
+  const int p = world_size();
+  allreduce_plan<float, Q4, SRA, mpi> plan{mpi{MPI_COMM_WORLD}, 1000, checked(schedule_always())};
+  auto v = inputs<float>(r, 1000, 1);
+  const auto before = v;
+  float* buf = (r == p - 1) ? nullptr : v.data();
+  CHECK_THROWS_AS(plan.start(buf, 1000), cgx::error);
+  CHECK(!plan.in_flight());
+  CHECK(v == before);
+  plan.start(v.data(), 1000);
+  CHECK_THROWS_AS(plan.start(v.data(), 1000), cgx::error);
+  CHECK_THROWS_AS(plan(v.data(), 1000), cgx::error);
+  plan.wait();
+  plan.wait();  // no-op
+  CHECK(identical_on_all_ranks(v));
+}
+
+TEST_CASE("below native_below_bytes the plan uses MPI_Allreduce; above it, the compressed schedule") {
+  const int r = world_rank();
+  const int p = world_size();
+  cgx::plan_options o;
+  o.native_below_bytes = 64 << 10;
+  allreduce_plan<float, Q4, SRA, mpi> plan{mpi{MPI_COMM_WORLD}, 100000, o};
+  auto small = inputs<float>(r, 1000, 5);  // 4000 bytes
+  std::vector<float> want(small.size());
+  MPI_Allreduce(small.data(), want.data(), static_cast<int>(small.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  plan(small.data(), small.size());
+  CHECK(small == want);  // exact: no quantization
+  auto large = inputs<float>(r, 100000, 6);  // 400 kB
+  std::vector<float> exact(large.size());
+  MPI_Allreduce(large.data(), exact.data(), static_cast<int>(large.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  plan(large.data(), large.size());
+  if (p > 1) CHECK(large != exact);  // 4-bit quantization changed it
+  CHECK(identical_on_all_ranks(large));
+}
+
+TEST_CASE("ranks with different thresholds are refused before any data moves") {
+  const int r = world_rank();
+  const int p = world_size();
+  if (p == 1) return;
+  cgx::plan_options o = checked();
+  o.native_below_bytes = r == 0 ? 1000 : 2000;
+  allreduce_plan<float, Q4, SRA, mpi> plan{mpi{MPI_COMM_WORLD}, 100, o};
+  auto v = inputs<float>(r, 100, 2);
+  const auto before = v;
+  CHECK_THROWS_AS(plan(v.data(), 100), cgx::error);
+  CHECK(v == before);
+}

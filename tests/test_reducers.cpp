@@ -1,0 +1,86 @@
+// The correctness matrix of the reducers over the MPI transport: every reducer x
+// quantizer (passthrough, 8, 4, 2 bits) x counts including 0, 1, primes and
+// non-multiples of the bucket, at whatever rank count the test runs with. Checks:
+// identical bits on every rank, a per-element error bound that holds for any schedule
+// given its number of quantizations, passthrough == MPI_Allreduce on integer data.
+#include <doctest/doctest.h>
+
+#include <cgx/cgx.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "mpi_test_util.hpp"
+#include "reducer_checks.hpp"
+
+namespace {
+
+using namespace cgx_test;
+using cgx::allreduce_plan;
+using cgx::comm::mpi;
+
+const std::size_t counts[] = {0, 1, 2, 3, 7, 13, 1000, 1023, 1024, 1025, 4099, 65537};
+
+template <class T, class Q, class R, class X>
+void lossy_matrix() {
+  const int r = world_rank();
+  allreduce_plan<T, Q, R, X> plan{X{MPI_COMM_WORLD}, 65537, schedule_always()};
+  for (std::size_t n : counts) {
+    CAPTURE(n);
+    auto v = inputs<T>(r, n, n + 1);
+    plan(v.data(), n);
+    CHECK(identical_on_all_ranks(v));
+    CHECK(outside_generic_bound<T, Q>(v, n + 1, R::quantizations(world_size())) == 0);
+  }
+}
+
+template <class T, class R, class X>
+void passthrough_exact() {
+  const int r = world_rank();
+  allreduce_plan<T, cgx::quant::none, R, X> plan{X{MPI_COMM_WORLD}, 65537, schedule_always()};
+  for (std::size_t n : counts) {
+    CAPTURE(n);
+    auto v = integer_inputs<T>(r, n);
+    std::vector<T> want(n);
+    MPI_Allreduce(v.data(), want.data(), static_cast<int>(n), std::is_same_v<T, float> ? MPI_FLOAT : MPI_DOUBLE,
+                  MPI_SUM, MPI_COMM_WORLD);
+    plan(v.data(), n);
+    CHECK(v == want);
+  }
+}
+
+template <class R, class X>
+void matrix_for() {
+  passthrough_exact<float, R, X>();
+  passthrough_exact<double, R, X>();
+  lossy_matrix<float, cgx::quant::maxmin<8, 1024, cgx::quant::nearest>, R, X>();
+  lossy_matrix<float, cgx::quant::maxmin<4, 1024, cgx::quant::stochastic>, R, X>();
+  lossy_matrix<float, cgx::quant::maxmin<2, 128, cgx::quant::stochastic>, R, X>();
+  lossy_matrix<double, cgx::quant::maxmin<4, 512, cgx::quant::nearest>, R, X>();
+}
+
+using cgx::comm::ring;
+using cgx::comm::shm;
+using cgx::comm::tree;
+using SRA = cgx::comm::scatter_reduce_allgather;
+
+}  // namespace
+
+TEST_CASE("reducer matrix: scatter_reduce_allgather over mpi") { matrix_for<SRA, mpi>(); }
+TEST_CASE("reducer matrix: ring over mpi") { matrix_for<ring, mpi>(); }
+TEST_CASE("reducer matrix: tree over mpi") { matrix_for<tree, mpi>(); }
+TEST_CASE("reducer matrix: scatter_reduce_allgather over shm") { matrix_for<SRA, shm>(); }
+TEST_CASE("reducer matrix: ring over shm") { matrix_for<ring, shm>(); }
+TEST_CASE("reducer matrix: tree over shm") { matrix_for<tree, shm>(); }
+
+TEST_CASE("quantizations per element of each schedule") {
+  CHECK(cgx::comm::scatter_reduce_allgather::quantizations(1) == 0);
+  CHECK(cgx::comm::scatter_reduce_allgather::quantizations(4) == 2);
+  CHECK(cgx::comm::ring::quantizations(4) == 4);
+  CHECK(cgx::comm::tree::quantizations(4) == 3);  // 2 halving steps + the sum
+  CHECK(cgx::comm::tree::quantizations(3) == 3);  // fold + 1 halving step + the sum
+  CHECK(cgx::comm::tree::quantizations(8) == 4);
+  CHECK(cgx::comm::tree::quantizations(6) == 4);
+}
