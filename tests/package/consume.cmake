@@ -1,0 +1,183 @@
+# Driver of the consumer tests (see CMakeLists.txt in this folder):
+#   cmake -DMODE=<mode> -DSETTINGS=<package_settings.cmake> -DWORK=<dir> -P consume.cmake
+# MODE: install | find_package | find_package_cuda | add_subdirectory | fetchcontent.
+# Everything happens under WORK/MODE, which is wiped first; `install` leaves the package
+# in WORK/prefix for the find_package modes (a CTest fixture orders them).
+cmake_minimum_required(VERSION 3.24)
+foreach(v MODE SETTINGS WORK)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "consume.cmake: -D${v}=... is required")
+  endif()
+endforeach()
+include(${SETTINGS})
+
+set(dir ${WORK}/${MODE})
+set(prefix ${WORK}/prefix)
+file(REMOVE_RECURSE ${dir})
+file(MAKE_DIRECTORY ${dir})
+
+function(_now out)
+  string(TIMESTAMP s "%s")
+  string(TIMESTAMP us "%f")
+  math(EXPR ms "${s} * 1000 + ${us} / 1000")
+  set(${out} ${ms} PARENT_SCOPE)
+endfunction()
+_now(t_start)
+
+# step(<what> [EXPECT_FAIL] [MATCH <regex>] COMMAND <cmd>...)
+# Runs cmd; fails the test (printing its output) when the exit status is not the one
+# expected or the output does not match MATCH.
+function(step what)
+  cmake_parse_arguments(ARG "EXPECT_FAIL" "MATCH" "COMMAND" ${ARGN})
+  _now(t0)
+  execute_process(COMMAND ${ARG_COMMAND} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  _now(t1)
+  math(EXPR ms "${t1} - ${t0}")
+  set(ok TRUE)
+  if(ARG_EXPECT_FAIL AND rc EQUAL 0)
+    set(ok FALSE)
+    set(why "succeeded, but it must fail")
+  elseif(NOT ARG_EXPECT_FAIL AND NOT rc EQUAL 0)
+    set(ok FALSE)
+    set(why "failed (${rc})")
+  elseif(DEFINED ARG_MATCH AND NOT out MATCHES "${ARG_MATCH}")
+    set(ok FALSE)
+    set(why "output does not match '${ARG_MATCH}'")
+  endif()
+  list(JOIN ARG_COMMAND " " cmd)
+  if(NOT ok)
+    message("${out}")
+    message(FATAL_ERROR "[${MODE}] ${what} ${why}:\n  ${cmd}")
+  endif()
+  message(STATUS "[${MODE}] ${what}: ok (${ms} ms)")
+  set(step_output "${out}" PARENT_SCOPE)
+endfunction()
+
+# Configure arguments shared by every project configured here: the compiler, MPI and
+# generator of the outer build; never the user's package registry.
+set(common -G ${CGX_GENERATOR} -DCMAKE_CXX_COMPILER=${CGX_CXX_COMPILER}
+           -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON -DCMAKE_FIND_PACKAGE_NO_SYSTEM_PACKAGE_REGISTRY=ON)
+if(CGX_MAKE_PROGRAM)
+  list(APPEND common -DCMAKE_MAKE_PROGRAM=${CGX_MAKE_PROGRAM})
+endif()
+if(CGX_BUILD_TYPE)
+  list(APPEND common -DCMAKE_BUILD_TYPE=${CGX_BUILD_TYPE})
+endif()
+foreach(v MPI_CXX_COMPILER MPI_HOME MPIEXEC_EXECUTABLE)
+  if(CGX_${v})
+    list(APPEND common -D${v}=${CGX_${v}})
+  endif()
+endforeach()
+
+set(consumer ${CMAKE_COMMAND} -S ${CGX_CONSUMER_DIR} -B ${dir}/build ${common}
+             -DCGX_EXPECTED_VERSION=${CGX_VERSION})
+
+# Builds the consumer and runs it on 2 ranks with the launch line of cgxTesting.cmake.
+function(build_and_run)
+  step("build consumer" COMMAND ${CMAKE_COMMAND} --build ${dir}/build)
+  step("run consumer on 2 ranks" MATCH "cgx consumer OK: 2 ranks"
+       COMMAND ${CGX_MPIEXEC_EXECUTABLE} ${CGX_MPIEXEC_NUMPROC_FLAG} 2 ${CGX_MPIEXEC_EXTRA} ${CGX_MPIEXEC_PREFLAGS}
+               ${dir}/build/cgx_consumer ${CGX_MPIEXEC_POSTFLAGS})
+  message(STATUS "[${MODE}] ${step_output}")
+endfunction()
+
+if(MODE STREQUAL "install")
+  # Install with tests, examples and benchmarks off, into a staging prefix, then move
+  # the package elsewhere: consumers must find it relocated.
+  step("configure cgx for install"
+       COMMAND ${CMAKE_COMMAND} -S ${CGX_SOURCE_DIR} -B ${dir}/cgx-build ${common} -DCGX_BUILD_TESTS=OFF
+               -DCGX_BUILD_EXAMPLES=OFF -DCGX_BUILD_BENCH=OFF -DCMAKE_INSTALL_PREFIX=${dir}/never-used)
+  step("build cgx" COMMAND ${CMAKE_COMMAND} --build ${dir}/cgx-build)
+  step("install cgx" COMMAND ${CMAKE_COMMAND} --install ${dir}/cgx-build --prefix ${dir}/stage)
+  file(REMOVE_RECURSE ${prefix})
+  file(RENAME ${dir}/stage ${prefix})
+  # Every header of the source tree is installed.
+  file(GLOB_RECURSE src_headers RELATIVE ${CGX_SOURCE_DIR}/include ${CGX_SOURCE_DIR}/include/cgx/*)
+  foreach(h IN LISTS src_headers)
+    if(NOT EXISTS ${prefix}/include/${h})
+      message(FATAL_ERROR "[install] header ${h} is not installed")
+    endif()
+  endforeach()
+  list(LENGTH src_headers nh)
+  # The package files exist, and none names the source, build or staging directory.
+  file(GLOB_RECURSE config_files ${prefix}/*.cmake)
+  foreach(f cgxConfig.cmake cgxConfigVersion.cmake cgxTargets.cmake)
+    if(NOT config_files MATCHES "/${f}(;|$)")
+      message(FATAL_ERROR "[install] ${f} is not installed (installed: ${config_files})")
+    endif()
+  endforeach()
+  foreach(f IN LISTS config_files)
+    file(READ ${f} text)
+    foreach(bad ${CGX_SOURCE_DIR} ${dir}/cgx-build ${dir}/stage)
+      string(FIND "${text}" "${bad}" at)
+      if(NOT at EQUAL -1)
+        message(FATAL_ERROR "[install] ${f} names ${bad}: the package is not relocatable")
+      endif()
+    endforeach()
+  endforeach()
+  set(names "")
+  foreach(f IN LISTS config_files)
+    get_filename_component(n ${f} NAME)
+    list(APPEND names ${n})
+  endforeach()
+  list(JOIN names ", " names)
+  message(STATUS "[install] ${nh} headers and ${names} in ${prefix}; relocatable")
+
+elseif(MODE STREQUAL "find_package")
+  if(NOT EXISTS ${prefix}/include/cgx/cgx.hpp)
+    message(FATAL_ERROR "[find_package] no package in ${prefix}: run the package.install test first")
+  endif()
+  step("configure consumer (find_package)"
+       COMMAND ${consumer} -DCGX_CONSUME=find_package -DCMAKE_PREFIX_PATH=${prefix} -DCGX_EXPECTED_PREFIX=${prefix})
+  build_and_run()
+
+elseif(MODE STREQUAL "find_package_cuda")
+  # Configure only (no CUDA is compiled): the component is found, cgx::cuda resolves
+  # at generate time; an unknown component and a missing toolkit are errors.
+  set(cuda_hint "")
+  if(CGX_CUDATOOLKIT_ROOT)
+    set(cuda_hint -DCUDAToolkit_ROOT=${CGX_CUDATOOLKIT_ROOT})
+  endif()
+  set(fp -DCMAKE_PREFIX_PATH=${prefix} -DCGX_EXPECTED_PREFIX=${prefix} ${cuda_hint})
+  step("configure consumer (COMPONENTS cuda)" COMMAND ${consumer} -DCGX_CONSUME=find_package_cuda ${fp})
+  file(REMOVE_RECURSE ${dir}/build)
+  step("configure consumer (COMPONENTS no_such_component) fails" EXPECT_FAIL MATCH "set[ \n]+cgx_FOUND[ \n]+to[ \n]+FALSE"
+       COMMAND ${consumer} -DCGX_CONSUME=find_package_bogus ${fp})
+  file(REMOVE_RECURSE ${dir}/build)
+  step("configure consumer (COMPONENTS cuda, no CUDA toolkit) fails" EXPECT_FAIL MATCH "set[ \n]+cgx_FOUND[ \n]+to[ \n]+FALSE"
+       COMMAND ${consumer} -DCGX_CONSUME=find_package_cuda ${fp} -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON)
+
+elseif(MODE STREQUAL "add_subdirectory")
+  step("configure consumer (add_subdirectory)"
+       COMMAND ${consumer} -DCGX_CONSUME=add_subdirectory -DCGX_SOURCE_DIR=${CGX_SOURCE_DIR})
+  build_and_run()
+
+elseif(MODE STREQUAL "fetchcontent")
+  # A tarball of the working tree as it is now (committed or not), without .git and
+  # build trees, fetched by URL with its hash.
+  file(GLOB entries LIST_DIRECTORIES true RELATIVE ${CGX_SOURCE_DIR} ${CGX_SOURCE_DIR}/* ${CGX_SOURCE_DIR}/.*)
+  list(REMOVE_DUPLICATES entries)
+  set(list_file ${dir}/files.txt)
+  file(WRITE ${list_file} "")
+  foreach(e IN LISTS entries)
+    set(p ${CGX_SOURCE_DIR}/${e})
+    if(e MATCHES "^\\.(git|cache|vscode|idea)?$" OR EXISTS ${p}/CMakeCache.txt OR p STREQUAL CGX_OUTER_BINARY_DIR)
+      continue()
+    endif()
+    file(APPEND ${list_file} "${e}\n")
+  endforeach()
+  step("tar the working tree" COMMAND ${CMAKE_COMMAND} -E chdir ${CGX_SOURCE_DIR}
+                                      ${CMAKE_COMMAND} -E tar czf ${dir}/cgx-src.tar.gz --files-from=${list_file})
+  file(SHA256 ${dir}/cgx-src.tar.gz sha)
+  step("configure consumer (FetchContent)"
+       COMMAND ${consumer} -DCGX_CONSUME=fetchcontent -DCGX_URL=file://${dir}/cgx-src.tar.gz -DCGX_URL_SHA256=${sha}
+               -DFETCHCONTENT_TRY_FIND_PACKAGE_MODE=NEVER)
+  build_and_run()
+
+else()
+  message(FATAL_ERROR "consume.cmake: unknown MODE '${MODE}'")
+endif()
+
+_now(t_end)
+math(EXPR ms "${t_end} - ${t_start}")
+message(STATUS "[${MODE}] passed in ${ms} ms")
