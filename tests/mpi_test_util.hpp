@@ -69,7 +69,7 @@ template <class T>
 bool identical_on_all_ranks(const std::vector<T>& v) {
   std::vector<T> root = v;
   if (!v.empty()) MPI_Bcast(root.data(), static_cast<int>(v.size() * sizeof(T)), MPI_BYTE, 0, MPI_COMM_WORLD);
-  int same = std::memcmp(root.data(), v.data(), v.size() * sizeof(T)) == 0 ? 1 : 0;
+  int same = v.empty() || std::memcmp(root.data(), v.data(), v.size() * sizeof(T)) == 0 ? 1 : 0;
   int all = 0;
   MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   return all == 1;
