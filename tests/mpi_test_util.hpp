@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace cgx_test {
@@ -62,6 +63,15 @@ std::vector<T> integer_inputs(int r, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i)
     x[i] = static_cast<T>(static_cast<int>(mix(i * 7 + static_cast<std::size_t>(r)) % 2001) - 1000);
   return x;
+}
+
+// MPI_Allreduce's sum of v: the reference a passthrough allreduce must equal exactly.
+template <class T>
+std::vector<T> mpi_sum(const std::vector<T>& v) {
+  std::vector<T> out(v.size());
+  MPI_Allreduce(v.data(), out.data(), static_cast<int>(v.size()), std::is_same_v<T, float> ? MPI_FLOAT : MPI_DOUBLE,
+                MPI_SUM, MPI_COMM_WORLD);
+  return out;
 }
 
 // Every rank's result equals rank 0's, bit for bit.

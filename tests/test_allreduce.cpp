@@ -37,11 +37,8 @@ void passthrough_equals_mpi_allreduce() {
   allreduce_plan<T, cgx::quant::none, SRA, mpi> plan{mpi{MPI_COMM_WORLD}, counts[9], schedule_always()};
   for (std::size_t n : counts) {
     CAPTURE(n);
-    std::vector<T> x(n), y(n);
-    for (std::size_t i = 0; i < n; ++i)
-      x[i] = static_cast<T>(static_cast<int>(mix(i * 7 + static_cast<std::size_t>(r)) % 2001) - 1000);
-    MPI_Allreduce(x.data(), y.data(), static_cast<int>(n), std::is_same_v<T, float> ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM,
-                  MPI_COMM_WORLD);
+    auto x = cgx_test::integer_inputs<T>(r, n);
+    const auto y = cgx_test::mpi_sum(x);
     plan(x.data(), n);
     CHECK(x == y);
   }

@@ -40,9 +40,7 @@ void run_matrix() {
     CAPTURE(n);
     if constexpr (Q::lossless) {
       auto v = integer_inputs<T>(r, n);
-      std::vector<T> want(n);
-      MPI_Allreduce(v.data(), want.data(), static_cast<int>(n), std::is_same_v<T, float> ? MPI_FLOAT : MPI_DOUBLE,
-                    MPI_SUM, MPI_COMM_WORLD);
+      const auto want = mpi_sum(v);
       plan(v.data(), n);
       CHECK(v == want);
     } else {

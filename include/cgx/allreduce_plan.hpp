@@ -212,36 +212,38 @@ class allreduce_plan {
     std::int64_t bad = 0;
     if (buf == nullptr && n > 0) bad |= null_buffer;
     if (n > max_count_) bad |= too_many;
-    const std::string where = "allreduce_plan (rank " + std::to_string(x_.rank()) + "): ";
+    // Messages are built only on the way to a throw: no allocation on the hot path.
+    auto where = [this] { return "allreduce_plan (rank " + std::to_string(x_.rank()) + "): "; };
     auto local_message = [&]() -> std::string {
       if (bad & null_buffer) return "null buffer with count " + std::to_string(n) + " > 0";
       return "count " + std::to_string(n) + " exceeds the plan's max_count " + std::to_string(max_count_);
     };
     if (resolve(opts_.check) == checking::local) {
-      if (bad != 0) throw error(errc::invalid_argument, where + local_message());
+      if (bad != 0) throw error(errc::invalid_argument, where() + local_message());
       return;
     }
     const auto sn = static_cast<std::int64_t>(n);
-    // Ranks must also agree on the native-allreduce threshold, or some would take the
-    // native path while others run the schedule.
-    const std::int64_t sig = signature() ^ static_cast<std::int64_t>(opts_.native_below_bytes * 0x9E3779B97F4A7C15ull >> 2);
+    const std::int64_t sig = sig_;
     std::array<std::int64_t, 5> v{sn, -sn, sig, -sig, bad};
     x_.max_all(v);
-    if (bad != 0) throw error(errc::invalid_argument, where + local_message());
-    if (v[4] != 0) throw error(errc::invalid_argument, where + "another rank passed invalid arguments (null buffer "
+    if (bad != 0) throw error(errc::invalid_argument, where() + local_message());
+    if (v[4] != 0) throw error(errc::invalid_argument, where() + "another rank passed invalid arguments (null buffer "
                                                               "or count above max_count); no data was moved");
     if (v[0] != -v[1])
-      throw error(errc::mismatch, where + "ranks passed different counts (between " + std::to_string(-v[1]) +
+      throw error(errc::mismatch, where() + "ranks passed different counts (between " + std::to_string(-v[1]) +
                                       " and " + std::to_string(v[0]) + "; this rank " + std::to_string(n) +
                                       "); no data was moved");
     if (v[2] != -v[3])
-      throw error(errc::mismatch, where + "ranks called plans of different value type, quantizer, reducer or "
+      throw error(errc::mismatch, where() + "ranks called plans of different value type, quantizer, reducer or "
                                           "native_below_bytes; no data was moved");
   }
 
   X x_;
   std::size_t max_count_;
   plan_options opts_;
+  // Ranks must also agree on the native-allreduce threshold, or some would take the
+  // native path while others run the schedule.
+  std::int64_t sig_ = signature() ^ static_cast<std::int64_t>(opts_.native_below_bytes * 0x9E3779B97F4A7C15ull >> 2);
   schedule_type sched_;
   std::unique_ptr<std::byte[]> owned_;
   std::span<std::byte> ws_;
