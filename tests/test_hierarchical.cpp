@@ -18,7 +18,7 @@ using SRA = cgx::comm::scatter_reduce_allgather;
 
 mpi two_per_node() { return mpi{MPI_COMM_WORLD, mpi::nodes{world_rank() / 2}}; }
 
-template <class H, class T, class Q>
+template <class H, class T, class Q, class IntraR = SRA>
 void run_matrix() {
   const int r = world_rank();
   const int p = world_size();
@@ -33,7 +33,7 @@ void run_matrix() {
     return;
   }
   allreduce_plan<T, Q, H, mpi> plan{two_per_node(), 70000, schedule_always()};
-  const int K = cgx::comm::scatter_reduce_allgather::quantizations(std::min(p, 2)) +
+  const int K = IntraR::quantizations(std::min(p, 2)) +
                 cgx::comm::ring::quantizations(p / 2 > 0 ? (p + 1) / 2 : 1);
   for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{1023}, std::size_t{1025},
                         std::size_t{4099}, std::size_t{65537}}) {
@@ -61,6 +61,30 @@ TEST_CASE("hierarchical<SRA, ring> over emulated nodes of two ranks") {
   run_matrix<H, float, cgx::quant::maxmin<4, 1024, cgx::quant::stochastic>>();
   run_matrix<H, float, cgx::quant::maxmin<8, 512, cgx::quant::nearest>>();
   run_matrix<H, double, cgx::quant::maxmin<2, 256, cgx::quant::stochastic>>();
+}
+
+TEST_CASE("hierarchical<uncompressed, ring>: exact inside the node, compressed across nodes") {
+  using HU = cgx::comm::hierarchical<cgx::comm::uncompressed, cgx::comm::ring>;
+  run_matrix<HU, float, cgx::quant::none, cgx::comm::uncompressed>();
+  run_matrix<HU, double, cgx::quant::none, cgx::comm::uncompressed>();
+  run_matrix<HU, float, cgx::quant::maxmin<4, 1024, cgx::quant::stochastic>, cgx::comm::uncompressed>();
+  run_matrix<HU, double, cgx::quant::maxmin<2, 256, cgx::quant::nearest>, cgx::comm::uncompressed>();
+}
+
+TEST_CASE("uncompressed reducer: the exact sum in rank order, on every rank") {
+  const int r = world_rank();
+  using Q = cgx::quant::maxmin<4, 1024, cgx::quant::stochastic>;  // ignored: nothing is quantized
+  allreduce_plan<double, Q, cgx::comm::uncompressed, mpi> plan{mpi{MPI_COMM_WORLD}, 70000, schedule_always()};
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{1023}, std::size_t{4099}, std::size_t{65537}}) {
+    CAPTURE(n);
+    auto v = integer_inputs<double>(r, n);
+    const auto want = mpi_sum(v);
+    plan(v.data(), n);
+    CHECK(v == want);
+    auto w = inputs<double>(r, n, n);
+    plan(w.data(), n);
+    CHECK(identical_on_all_ranks(w));
+  }
 }
 
 TEST_CASE("hierarchical<tree, SRA> on MPI's own node split (one node here)") {

@@ -5,7 +5,10 @@
 ///
 /// With N nodes of L ranks each (every node must hold the same number of ranks):
 ///  1. within each node, an allreduce with the reducer `Intra` over the node's ranks:
-///     every rank of a node then holds the node's sum;
+///     every rank of a node then holds the node's sum. With `Intra = uncompressed`
+///     (recommended: links inside a node are fast, quantizing there only costs compute
+///     and accuracy) only its raw reduce-scatter half runs: local rank l gets the exact
+///     node sum of chunk l, which is all step 2 needs;
 ///  2. the buffer is cut into L chunks at bucket boundaries; local rank l allreduces
 ///     chunk l with the ranks of local index l on the other nodes, with the reducer
 ///     `Inter`: L independent inter-node reductions of 1/L of the buffer run side by
@@ -35,6 +38,7 @@
 #include "../quant/host_exec.hpp"
 #include "../quant/rounding.hpp"
 #include "chunking.hpp"
+#include "uncompressed.hpp"
 
 namespace cgx::comm {
 
@@ -107,10 +111,15 @@ struct hierarchical {
       if (n == 0) return;
       const int L = intra_x_->size();
       const int l = intra_x_->rank();
-      // 1. Node sum.
-      quant::rng_state r1 = rng;
-      r1.seed = rng.seed ^ 0x1f83d9abfb41bd6bull;
-      intra_->run(buf, n, *intra_x_, ws, r1, ex);
+      // 1. Node sum (of this rank's chunk only, when Intra can reduce-scatter).
+      if constexpr (requires { intra_->reduce_scatter(buf, n, *intra_x_, ws, ex); }) {
+        static_assert(intra_schedule::granule == granule, "hierarchical: Intra must cut chunks like the plan");
+        intra_->reduce_scatter(buf, n, *intra_x_, ws, ex);
+      } else {
+        quant::rng_state r1 = rng;
+        r1.seed = rng.seed ^ 0x1f83d9abfb41bd6bull;
+        intra_->run(buf, n, *intra_x_, ws, r1, ex);
+      }
       // 2. Chunk l across nodes (its own random stream: a different seed).
       const chunk mine = chunk_of(n, L, l, granule);
       if (mine.count != 0) {

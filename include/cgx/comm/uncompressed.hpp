@@ -1,0 +1,117 @@
+#pragma once
+/// \file uncompressed.hpp
+/// `cgx::comm::uncompressed`: an exact allreduce that never quantizes, whatever the
+/// plan's quantizer: a direct reduce-scatter of raw values, then a raw allgather.
+///
+/// Its use is inside a node, as the `Intra` of `hierarchical<uncompressed, Inter>`:
+/// shared memory or PCIe inside a node is rarely the bottleneck, so quantizing there
+/// costs compute and accuracy for nothing, and the hierarchical schedule then needs only
+/// the reduce-scatter half (each local rank gets the node sum of the chunk it takes
+/// across nodes).
+///
+/// The buffer is cut into p chunks at the quantizer's granule (as SRA does); rank o
+/// receives chunk o of every other rank and adds them to its own, in rank order.
+/// Traffic per rank: 2 (p - 1)/p * n * sizeof(T) sent (half in each phase), in
+/// 2 (p - 1) messages. Quantizations per element: 0; the result is the sum in rank
+/// order, computed by the chunk's owner and copied to the others (identical bits).
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "../concepts.hpp"
+#include "../quant/host_exec.hpp"
+#include "../quant/rounding.hpp"
+#include "chunking.hpp"
+
+namespace cgx::comm {
+
+/// Exact direct reduce-scatter + allgather (see the file comment).
+struct uncompressed {
+  static constexpr const char* name = "uncompressed";
+
+  /// Quantizations an element goes through: none.
+  static constexpr int quantizations(int) { return 0; }
+
+  template <class T, class Q, class X>
+  class schedule {
+   public:
+    static constexpr std::size_t granule = granule_of<Q>;
+
+    /// Bytes of workspace for up to n values on p ranks: the p - 1 incoming parts of
+    /// this rank's chunk.
+    static std::size_t workspace_bytes(std::size_t n, int p) {
+      if (p <= 1) return 0;
+      return static_cast<std::size_t>(p - 1) * slot_bytes(n, p);
+    }
+
+    explicit schedule(X& x) { reqs_.reserve(2 * static_cast<std::size_t>(x.size())); }
+
+    /// In place sum over all ranks of buf[0..n). Collective.
+    void run(T* buf, std::size_t n, X& x, std::byte* ws, const quant::rng_state&, quant::host_exec ex) {
+      reduce_scatter(buf, n, x, ws, ex);
+      allgather(buf, n, x);
+    }
+
+    /// Leaves in buf[chunk_of(n, p, rank)] the sum over all ranks of that chunk; the rest
+    /// of buf is unspecified. Collective.
+    void reduce_scatter(T* buf, std::size_t n, X& x, std::byte* ws, quant::host_exec ex) {
+      const int p = x.size();
+      const int me = x.rank();
+      if (p == 1 || n == 0) return;
+      const std::size_t slot = slot_bytes(n, p);
+      const chunk mine = chunk_of(n, p, me);
+      auto part = [&](int r) { return ws + static_cast<std::size_t>(r - (r > me ? 1 : 0)) * slot; };
+      reqs_.clear();
+      if (mine.count != 0)
+        for (int r = 0; r < p; ++r)
+          if (r != me) reqs_.push_back(x.irecv(part(r), mine.count * sizeof(T), r, tag_scatter));
+      const std::size_t nrecv = reqs_.size();
+      for (int step = 1; step < p; ++step) {
+        const int r = (me + step) % p;
+        const chunk c = chunk_of(n, p, r);
+        if (c.count != 0) reqs_.push_back(x.isend(buf + c.begin, c.count * sizeof(T), r, tag_scatter));
+      }
+      if (mine.count != 0) {
+        for (int r = 0; r < p; ++r) {
+          if (r == me) continue;
+          x.wait_all(std::span(reqs_.data() + (r - (r > me ? 1 : 0)), 1));
+          quant::none::template decompress_add<T>(part(r), mine.count, buf + mine.begin, ex);
+        }
+      }
+      x.wait_all(std::span(reqs_.data() + nrecv, reqs_.size() - nrecv));
+    }
+
+    /// Copies every rank's chunk to all ranks. Collective.
+    void allgather(T* buf, std::size_t n, X& x) {
+      const int p = x.size();
+      const int me = x.rank();
+      if (p == 1 || n == 0) return;
+      const chunk mine = chunk_of(n, p, me);
+      reqs_.clear();
+      for (int r = 0; r < p; ++r) {
+        if (r == me) continue;
+        const chunk c = chunk_of(n, p, r);
+        if (c.count != 0) reqs_.push_back(x.irecv(buf + c.begin, c.count * sizeof(T), r, tag_gather));
+      }
+      if (mine.count != 0)
+        for (int step = 1; step < p; ++step)
+          reqs_.push_back(x.isend(buf + mine.begin, mine.count * sizeof(T), (me + step) % p, tag_gather));
+      x.wait_all(std::span(reqs_));
+    }
+
+    /// The values owned by rank r.
+    static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule); }
+
+   private:
+    static constexpr int tag_scatter = 0x6390;
+    static constexpr int tag_gather = 0x6391;
+
+    static std::size_t slot_bytes(std::size_t n, int p) { return round_to_line(largest_chunk(n, p, granule) * sizeof(T)); }
+
+    std::vector<typename X::request> reqs_;
+  };
+};
+
+}  // namespace cgx::comm
