@@ -4,7 +4,19 @@
 //   mpirun -np 4 allreduce_bench -b 4K -e 256M -f 4 [-n 10] [-w 2] [-c 1]
 //       [--bits 2,4,8,32] [--bucket 1024] [--rounding stochastic|nearest]
 //       [--reducer sra|ring|tree|hier] [--transport mpi|shm] [--dtype float|double]
+//       (hier: hierarchical<uncompressed, ring>, exact inside a node, compressed across nodes)
 //       [--native-below BYTES] [--link NAME] [--json FILE]
+//       [--project PROFILE|all] [--bytes SIZE]
+//
+// The baseline is the better of Open MPI's default MPI_Allreduce and its ring
+// (coll_tuned_allreduce_algorithm 4, selected through MPI_T on a duplicated
+// communicator); both are timed in the same loop and recorded. The ring needs
+// OMPI_MCA_coll_tuned_use_dynamic_rules=1 at launch (bench/netns-run sets it);
+// without it, or with another MPI, only the default is timed.
+//
+// --link defaults to $CGX_LINK (set by bench/netns-run and bench/netns-cluster).
+// --project prints the cost model's predictions (include/cgx/model.hpp) for 8 to 1024
+// ranks on a named network profile and exits; it needs no MPI launch.
 //
 // --bits 32 (float) or 64 (double) is the uncompressed passthrough. busbw is computed
 // on the uncompressed size: algbw * 2(p-1)/p. Each iteration restores the input, so
@@ -12,6 +24,7 @@
 // ranks; a row reports the median over iterations. cgx and MPI_Allreduce alternate
 // iteration by iteration so that both see the same machine noise.
 #include <cgx/cgx.hpp>
+#include <cgx/model.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -40,8 +53,10 @@ struct options {
   std::string transport = "mpi";
   std::string dtype = "float";
   long long native_below = -1;  // -1: plan default
-  std::string link = "none";
+  std::string link = std::getenv("CGX_LINK") ? std::getenv("CGX_LINK") : "none";
   std::string json;
+  std::string project;           // --project: print the model's projections and exit
+  std::size_t project_bytes = 64 << 20;
 };
 
 [[noreturn]] void usage_error(const std::string& what) {
@@ -91,6 +106,8 @@ options parse(int argc, char** argv) {
     else if (a == "--native-below") o.native_below = std::atoll(val().c_str());
     else if (a == "--link") o.link = val();
     else if (a == "--json") o.json = val();
+    else if (a == "--project") o.project = val();
+    else if (a == "--bytes") o.project_bytes = parse_size(val());
     else usage_error("unknown argument " + a);
   }
   if (o.min_bytes == 0 || o.max_bytes < o.min_bytes || o.factor <= 1 || o.iters < 1 || o.warmup < 0)
@@ -127,7 +144,7 @@ template <class T, class Q, class R>
 runner with_transport(std::size_t max_count, const options& o) {
   if (o.transport == "mpi") return make_plan<T, Q, R>(cgx::comm::mpi{MPI_COMM_WORLD}, max_count, o);
   if (o.transport == "shm") {
-    if constexpr (std::is_same_v<R, cgx::comm::hierarchical<cgx::comm::scatter_reduce_allgather, cgx::comm::ring>>)
+    if constexpr (std::is_same_v<R, cgx::comm::hierarchical<cgx::comm::uncompressed, cgx::comm::ring>>)
       usage_error("--reducer hier needs --transport mpi");
     else
       return make_plan<T, Q, R>(cgx::comm::shm{MPI_COMM_WORLD}, max_count, o);
@@ -141,7 +158,7 @@ runner with_reducer(std::size_t max_count, const options& o) {
   if (o.reducer == "ring") return with_transport<T, Q, cgx::comm::ring>(max_count, o);
   if (o.reducer == "tree") return with_transport<T, Q, cgx::comm::tree>(max_count, o);
   if (o.reducer == "hier")
-    return with_transport<T, Q, cgx::comm::hierarchical<cgx::comm::scatter_reduce_allgather, cgx::comm::ring>>(
+    return with_transport<T, Q, cgx::comm::hierarchical<cgx::comm::uncompressed, cgx::comm::ring>>(
         max_count, o);
   usage_error("unknown reducer " + o.reducer);
 }
@@ -171,6 +188,102 @@ std::size_t wire_bytes(int bits, int bucket, std::size_t n) {
   });
 }
 
+// Open MPI control variables through MPI_T: reads (and optionally writes) an int cvar by
+// name. Returns false when the MPI library has no such variable.
+bool cvar_int(const char* name, int* read, const int* write) {
+  int n = 0;
+  if (MPI_T_cvar_get_num(&n) != MPI_SUCCESS) return false;
+  for (int i = 0; i < n; ++i) {
+    char nm[256], desc[16];
+    int nl = sizeof nm, dl = sizeof desc, verb = 0, bind = 0, scope = 0;
+    MPI_Datatype dt;
+    MPI_T_enum en;
+    if (MPI_T_cvar_get_info(i, nm, &nl, &verb, &dt, &en, desc, &dl, &bind, &scope) != MPI_SUCCESS) continue;
+    if (std::strcmp(nm, name) != 0) continue;
+    // Writes only to int variables; bool variables (any other type) read as 0 or 1.
+    if (write && dt != MPI_INT) return false;
+    MPI_T_cvar_handle h;
+    int count = 0;
+    if (MPI_T_cvar_handle_alloc(i, nullptr, &h, &count) != MPI_SUCCESS || count != 1) return false;
+    bool ok = true;
+    if (write) ok = MPI_T_cvar_write(h, write) == MPI_SUCCESS;
+    if (ok && read) {
+      alignas(8) unsigned char raw[16] = {};
+      ok = MPI_T_cvar_read(h, raw) == MPI_SUCCESS;
+      if (dt == MPI_INT) std::memcpy(read, raw, sizeof(int));
+      else *read = std::any_of(raw, raw + sizeof raw, [](unsigned char c) { return c != 0; }) ? 1 : 0;
+    }
+    MPI_T_cvar_handle_free(&h);
+    return ok;
+  }
+  return false;
+}
+
+// A duplicate of MPI_COMM_WORLD on which Open MPI's tuned component runs its ring
+// allreduce (algorithm 4): the forced algorithm is read when a communicator is created,
+// so it is set, the communicator duplicated, and the setting restored for every other
+// communicator. MPI_COMM_NULL where that is not possible (not Open MPI, or dynamic rules
+// off). Every rank gets the same answer: the cvars come from the launch environment.
+MPI_Comm ring_baseline_comm() {
+  int provided = 0;
+  if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return MPI_COMM_NULL;
+  int dynamic = 0, before = 0, ring = 4, now = 0;
+  MPI_Comm c = MPI_COMM_NULL;
+  if (cvar_int("coll_tuned_use_dynamic_rules", &dynamic, nullptr) && dynamic == 1 &&
+      cvar_int("coll_tuned_allreduce_algorithm", &before, nullptr) &&
+      cvar_int("coll_tuned_allreduce_algorithm", &now, &ring) && now == ring) {
+    MPI_Comm_dup(MPI_COMM_WORLD, &c);
+    cvar_int("coll_tuned_allreduce_algorithm", nullptr, &before);
+  }
+  MPI_T_finalize();
+  int have = c != MPI_COMM_NULL ? 1 : 0, all = 0;
+  MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!all && c != MPI_COMM_NULL) MPI_Comm_free(&c);
+  return all ? c : MPI_COMM_NULL;
+}
+
+// --project: the cost model's time of every reducer and bit width for 8 to 1024 ranks
+// on one machine profile, and the fastest choice, against the uncompressed ring.
+void project(const cgx::model::machine& m, double bytes) {
+  using namespace cgx::model;
+  std::printf("# projection (include/cgx/model.hpp): %s\n#   %.*s\n", std::string(m.name).c_str(),
+              static_cast<int>(m.description.size()), m.description.data());
+  std::printf("# %.0f MiB fp32 per rank, bucket 1024; times in ms; speedup = mpi ring / best cgx\n", bytes / (1 << 20));
+  std::printf("%6s %6s | %10s | %9s %9s %9s | %9s %9s %9s | %-12s %8s\n", "ranks", "nodes", "mpi ring", "sra 8b",
+              "sra 4b", "sra 2b", "best 8b", "best 4b", "best 2b", "best", "speedup");
+  for (int p = 8; p <= 1024; p *= 2) {
+    const int L = std::min(m.ranks_per_node, p);
+    const double base = predict(algorithm::mpi_ring, problem{bytes, p, 0}, m).total_s();
+    double sra[3], best[3];
+    std::string best_name[3];
+    const int widths[3] = {8, 4, 2};
+    double overall = 1e300;
+    std::string overall_name;
+    for (int k = 0; k < 3; ++k) {
+      const problem pr{bytes, p, widths[k]};
+      sra[k] = predict(algorithm::sra, pr, m).total_s();
+      best[k] = 1e300;
+      for (algorithm a : all_algorithms) {
+        if (a == algorithm::mpi_ring || (a == algorithm::hierarchical && L == p)) continue;
+        const double t = predict(a, pr, m).total_s();
+        if (t < best[k]) {
+          best[k] = t;
+          best_name[k] = std::string(name(a));
+        }
+      }
+      if (best[k] < overall) {
+        overall = best[k];
+        overall_name = best_name[k] + " " + std::to_string(widths[k]) + "b";
+      }
+    }
+    char b[3][32];
+    for (int k = 0; k < 3; ++k) std::snprintf(b[k], sizeof b[k], "%.1f %s", best[k] * 1e3, best_name[k].c_str());
+    std::printf("%6d %6d | %10.1f | %9.1f %9.1f %9.1f | %9s %9s %9s | %-12s %7.2fx\n", p, (p + L - 1) / L, base * 1e3,
+                sra[0] * 1e3, sra[1] * 1e3, sra[2] * 1e3, b[0], b[1], b[2], overall_name.c_str(), base / overall);
+  }
+  std::printf("\n");
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -181,6 +294,7 @@ int run(const options& o, int rank, int p) {
   const MPI_Datatype mt = std::is_same_v<T, float> ? MPI_FLOAT : MPI_DOUBLE;
   const std::size_t max_count = o.max_bytes / sizeof(T);
   std::vector<T> input(max_count), work(max_count), mpi_work(max_count);
+  const MPI_Comm ring_comm = ring_baseline_comm();
   fill(input, rank);
   std::vector<runner> plans;
   for (int b : o.bits) plans.push_back(make_runner<T>(b, max_count, o));
@@ -197,8 +311,11 @@ int run(const options& o, int rank, int p) {
                 o.dtype.c_str(), o.reducer.c_str(), o.transport.c_str(), o.bucket, o.rounding.c_str(), o.link.c_str());
     std::printf("# time: median over %d iterations (after %d warm-up) of the max over ranks; MPI_Allreduce timed in "
                 "the same loop\n", o.iters, o.warmup);
-    std::printf("%12s %11s %6s %5s %5s | %10s %8s %8s | %10s %8s | %7s %10s %10s\n", "size(B)", "count", "type", "redop",
-                "bits", "time(us)", "algbw", "busbw", "mpi(us)", "speedup", "ratio", "max_abs", "rel_l2");
+    std::printf("# mpi: the better of Open MPI's default allreduce (def) and its ring (ring: %s); speedup = mpi / time\n",
+                ring_comm != MPI_COMM_NULL ? "timed" : "not available, see the file comment");
+    std::printf("%12s %11s %6s %7s %4s %6s | %10s %8s %8s | %10s %10s %10s %8s | %7s %10s %10s\n", "size(B)", "count",
+                "type", "reducer", "bits", "bucket", "time(us)", "algbw", "busbw", "def(us)", "ring(us)", "mpi(us)",
+                "speedup", "ratio", "max_abs", "rel_l2");
   }
   std::vector<double> exact;
   for (double sz = static_cast<double>(o.min_bytes); sz <= static_cast<double>(o.max_bytes) * 1.0000001; sz *= o.factor) {
@@ -210,7 +327,7 @@ int run(const options& o, int rank, int p) {
     }
     for (std::size_t k = 0; k < plans.size(); ++k) {
       if (rank == 0) std::fprintf(stderr, "\r[bench] %zu bytes, %d bits ...      ", n * sizeof(T), o.bits[k]);
-      std::vector<double> tc, tm;
+      std::vector<double> tc, tm, tr;
       for (int it = 0; it < o.warmup + o.iters; ++it) {
         std::memcpy(work.data(), input.data(), n * sizeof(T));
         std::memcpy(mpi_work.data(), input.data(), n * sizeof(T));
@@ -222,11 +339,20 @@ int run(const options& o, int rank, int p) {
         t0 = MPI_Wtime();
         MPI_Allreduce(MPI_IN_PLACE, mpi_work.data(), static_cast<int>(n), mt, MPI_SUM, MPI_COMM_WORLD);
         double tb = MPI_Wtime() - t0;
-        double both[2] = {t, tb};
-        MPI_Allreduce(MPI_IN_PLACE, both, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        double tring = 0;
+        if (ring_comm != MPI_COMM_NULL) {
+          std::memcpy(mpi_work.data(), input.data(), n * sizeof(T));
+          MPI_Barrier(MPI_COMM_WORLD);
+          t0 = MPI_Wtime();
+          MPI_Allreduce(MPI_IN_PLACE, mpi_work.data(), static_cast<int>(n), mt, MPI_SUM, ring_comm);
+          tring = MPI_Wtime() - t0;
+        }
+        double all[3] = {t, tb, tring};
+        MPI_Allreduce(MPI_IN_PLACE, all, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         if (it >= o.warmup) {
-          tc.push_back(both[0]);
-          tm.push_back(both[1]);
+          tc.push_back(all[0]);
+          tm.push_back(all[1]);
+          tr.push_back(all[2]);
         }
       }
       double max_abs = 0, rel = 0;
@@ -241,24 +367,33 @@ int run(const options& o, int rank, int p) {
         rel = den > 0 ? std::sqrt(num / den) : 0;
       }
       if (rank == 0) {
-        const double t = median(tc), tb = median(tm);
+        const double t = median(tc), tdef = median(tm), tring = median(tr);
+        const bool ring_better = ring_comm != MPI_COMM_NULL && tring < tdef;
+        const double tb = ring_better ? tring : tdef;
         const double bytes = static_cast<double>(n * sizeof(T));
         const double algbw = bytes / t / 1e9, busbw = algbw * 2.0 * (p - 1) / p;
         const double ratio = bytes / static_cast<double>(std::max<std::size_t>(1, wire_bytes<T>(o.bits[k], o.bucket, n)));
         std::fprintf(stderr, "\r");
-        std::printf("%12zu %11zu %6s %5s %5d | %10.1f %8.3f %8.3f | %10.1f %7.2fx | %6.2fx %10.3e %10.3e\n",
-                    n * sizeof(T), n, o.dtype.c_str(), "sum", o.bits[k], t * 1e6, algbw, busbw, tb * 1e6, tb / t, ratio,
-                    max_abs, rel);
+        char ring_us[32] = "-", ring_s[32] = "null";
+        if (ring_comm != MPI_COMM_NULL) {
+          std::snprintf(ring_us, sizeof ring_us, "%.1f", tring * 1e6);
+          std::snprintf(ring_s, sizeof ring_s, "%.6e", tring);
+        }
+        std::printf("%12zu %11zu %6s %7s %4d %6d | %10.1f %8.3f %8.3f | %10.1f %10s %10.1f %7.2fx | %6.2fx %10.3e %10.3e\n",
+                    n * sizeof(T), n, o.dtype.c_str(), o.reducer.c_str(), o.bits[k], o.bucket, t * 1e6, algbw, busbw,
+                    tdef * 1e6, ring_us, tb * 1e6, tb / t, ratio, max_abs, rel);
         std::fflush(stdout);
         if (js) {
           std::fprintf(js,
                        "%s  {\"bytes\": %zu, \"count\": %zu, \"dtype\": \"%s\", \"ranks\": %d, \"reducer\": \"%s\", "
                        "\"transport\": \"%s\", \"bits\": %d, \"bucket\": %d, \"rounding\": \"%s\", \"link\": \"%s\", "
                        "\"time_s\": %.6e, \"algbw_gbps\": %.5f, \"busbw_gbps\": %.5f, \"mpi_time_s\": %.6e, "
+                       "\"mpi_default_time_s\": %.6e, \"mpi_ring_time_s\": %s, \"baseline\": \"%s\", "
                        "\"speedup\": %.5f, \"ratio\": %.4f, \"max_abs_err\": %.6e, \"rel_l2\": %.6e}",
                        first_record ? "" : ",\n", n * sizeof(T), n, o.dtype.c_str(), p, o.reducer.c_str(),
                        o.transport.c_str(), o.bits[k], o.bucket, o.rounding.c_str(), o.link.c_str(), t, algbw, busbw,
-                       tb, tb / t, ratio, max_abs, rel);
+                       tb, tdef, ring_s,
+                       ring_better ? "ring" : "default", tb / t, ratio, max_abs, rel);
           first_record = false;
         }
       }
@@ -275,6 +410,22 @@ int run(const options& o, int rank, int p) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  {
+    // --project needs no MPI launch: answer it before MPI_Init.
+    const options o = parse(argc, argv);
+    if (!o.project.empty()) {
+      try {
+        if (o.project == "all")
+          for (const auto& m : cgx::model::profiles) project(m, static_cast<double>(o.project_bytes));
+        else
+          project(cgx::model::profile(o.project), static_cast<double>(o.project_bytes));
+      } catch (const cgx::error& e) {
+        std::fprintf(stderr, "allreduce_bench: %s\n", e.what());
+        return 2;
+      }
+      return 0;
+    }
+  }
   MPI_Init(&argc, &argv);
   int rank = 0, p = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

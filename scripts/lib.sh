@@ -38,3 +38,20 @@ cgx_openmpi_env() {
 cgx_generator() {
   if command -v ninja >/dev/null 2>&1; then echo "-G Ninja"; fi
 }
+
+# cgx_tbf_burst RATE: the bucket size for tc tbf at RATE (e.g. 1gbit, 500mbit): 256 KiB,
+# or 2 ms of traffic when that is more. A bucket smaller than what the rate delivers
+# per timer tick throttles far below the rate (10 Gbit/s with 256 KiB: 4 KiB messages
+# took 75 ms).
+cgx_tbf_burst() {
+  local r="$1" bps
+  case "$r" in
+    *gbit) bps=$(( ${r%gbit} * 1000000000 )) ;;
+    *mbit) bps=$(( ${r%mbit} * 1000000 )) ;;
+    *kbit) bps=$(( ${r%kbit} * 1000 )) ;;
+    *) echo 256kb; return ;;
+  esac
+  local bytes=$(( bps / 8 / 500 ))
+  [ "$bytes" -lt 262144 ] && bytes=262144
+  echo "$bytes"
+}

@@ -19,5 +19,7 @@
 #include "comm/scatter_reduce_allgather.hpp"
 #include "comm/ring.hpp"
 #include "comm/tree.hpp"
+#include "comm/uncompressed.hpp"
 #include "comm/hierarchical.hpp"
 #include "allreduce_plan.hpp"
+#include "model.hpp"

@@ -1,0 +1,264 @@
+#pragma once
+/// \file model.hpp
+/// `cgx::model`: an alpha-beta cost model of cgx's reducers and of an uncompressed ring
+/// allreduce, to pick a reducer and a bit width for a machine before running on it.
+///
+/// A machine is nodes of `ranks_per_node` ranks. Inside a node ranks talk over the
+/// `intra` link (shared memory, PCIe, or the emulated loopback); nodes talk over one
+/// `inter` link each (the node's NIC: full duplex, shared by the node's ranks). A link
+/// is (alpha, bandwidth): a message of b bytes takes alpha + b / bandwidth. When
+/// `intra_shared` is set, the ranks of a node share the intra bandwidth (a memory bus,
+/// one loopback interface), so a phase costs the node's total intra bytes over it.
+/// Ranks are placed on nodes in rank order.
+///
+/// For a buffer of S bytes, compressed size c = S / ratio (quant::maxmin's exact size),
+/// p = N L ranks (N nodes of L), the model adds, without overlap:
+///   latency  rounds * alpha (alpha of inter when N > 1, else intra);
+///   wire     node NIC time  max(bytes out, bytes in) of one node / inter bandwidth
+///            + intra time   (node's intra bytes if shared, else one rank's) / intra bandwidth;
+///   compute  bytes (de)compressed or added by one rank over that rank's throughput,
+///            the one-core throughputs scaled by min(1, cores_per_node / L).
+/// Per reducer (see the reducers' own files for the schedules):
+///   sra          2 rounds of p - 1 messages of c/p to every peer: 2 (p-1) c/p sent per rank;
+///                compress S, decompress-add (p-1)/p S, decompress S.
+///   ring         2 (p-1) rounds of c/p to the right neighbour (one rank per node crosses
+///                the NIC); same compute as sra, in p - 1 dependent steps.
+///   tree         2 log2 q rounds of c/2, c/4, ... (q = 2^floor(log2 p); partners at distance
+///                >= L are on other nodes); + a fold of c each way when p > q; same compute.
+///   hierarchical hierarchical<uncompressed, ring>: a raw reduce-scatter inside each node
+///                ((L-1)/L S per rank, adds), ring across nodes on S/L per rank (L rings
+///                per NIC), then an allgather of raw values inside the node ((L-1)/L S).
+///   mpi_ring     the uncompressed ring allreduce: c = S, 2 (p-1) rounds, adds (p-1)/p S.
+/// The model is checked against measurements on emulated networks by tests/test_model.cpp
+/// (docs/results/ holds the data) and prints projections with
+/// `allreduce_bench --project PROFILE|all`.
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "error.hpp"
+
+namespace cgx::model {
+
+/// A link: per-message latency (seconds) and bandwidth (bytes per second, each direction).
+struct link {
+  double alpha_s;
+  double bytes_per_s;
+};
+
+/// A machine: its links and the throughputs of one core (bytes of input per second).
+struct machine {
+  std::string_view name;         ///< short name, e.g. "eth-25g"
+  std::string_view description;  ///< one line for tables
+  link inter;                    ///< one per node (its NIC), full duplex
+  link intra;                    ///< between ranks of one node
+  bool intra_shared;             ///< the ranks of a node share the intra bandwidth
+  int ranks_per_node;            ///< L
+  int cores_per_node;            ///< cores that quantize; the node's ranks share them
+  double compress_bps;           ///< compress, 4 bits (the other widths are within 2x)
+  double decompress_bps;         ///< decompress
+  double decompress_add_bps;     ///< decompress-add
+  double add_bps;                ///< the uncompressed reduction y[i] += x[i]
+};
+
+/// What is reduced.
+struct problem {
+  double bytes;                ///< uncompressed bytes per rank (S)
+  int ranks;                   ///< p; a multiple of the machine's ranks_per_node (or fewer)
+  int bits;                    ///< 1..8, or 0 for uncompressed (cgx with quant::none)
+  double bucket = 1024;        ///< values per bucket
+  double value_bytes = 4;      ///< sizeof(T)
+  double meta_bytes = 8;       ///< per-bucket metadata (fp32 min and unit)
+};
+
+/// The schedules the model knows.
+enum class algorithm { mpi_ring, sra, ring, tree, hierarchical };
+
+inline constexpr std::array<algorithm, 5> all_algorithms{algorithm::mpi_ring, algorithm::sra, algorithm::ring,
+                                                        algorithm::tree, algorithm::hierarchical};
+
+/// Name of an algorithm, as allreduce_bench's --reducer spells it ("mpi" for mpi_ring).
+constexpr std::string_view name(algorithm a) noexcept {
+  switch (a) {
+    case algorithm::mpi_ring: return "mpi";
+    case algorithm::sra: return "sra";
+    case algorithm::ring: return "ring";
+    case algorithm::tree: return "tree";
+    case algorithm::hierarchical: return "hier";
+  }
+  return "?";
+}
+
+/// A predicted time and its parts (seconds).
+struct prediction {
+  double latency_s = 0;
+  double wire_s = 0;
+  double compute_s = 0;
+  [[nodiscard]] double total_s() const noexcept { return latency_s + wire_s + compute_s; }
+};
+
+/// Compression ratio S / c of quant::maxmin<bits, bucket> (1 for bits == 0).
+constexpr double compression_ratio(const problem& pr) noexcept {
+  if (pr.bits == 0) return 1.0;
+  const double values = pr.bucket;
+  return values * pr.value_bytes / (values * pr.bits / 8.0 + pr.meta_bytes);
+}
+
+namespace detail {
+
+/// Traffic of one flat schedule over p ranks placed L per node.
+struct traffic {
+  double rounds = 0;        ///< message rounds on the critical path
+  double node_out = 0;      ///< bytes one node sends to other nodes (= receives)
+  double node_intra = 0;    ///< bytes the node's ranks send to each other, in total
+  double rank_intra = 0;    ///< bytes one rank sends to ranks of its node
+};
+
+inline double pow2_floor(int p) { return static_cast<double>(std::bit_floor(static_cast<unsigned>(p))); }
+
+/// sra: every rank sends c/p to every other rank, twice.
+inline traffic sra_traffic(double c, int p, int L) {
+  traffic t;
+  t.rounds = 2.0 * (p - 1);
+  const double per_peer = 2.0 * c / p;
+  t.node_out = L * per_peer * (p - L);
+  t.rank_intra = per_peer * (L - 1);
+  t.node_intra = L * t.rank_intra;
+  return t;
+}
+
+/// ring: 2 (p - 1) steps of c/p to the right neighbour; one rank per node crosses nodes.
+inline traffic ring_traffic(double c, int p, int L) {
+  traffic t;
+  t.rounds = 2.0 * (p - 1);
+  const double per_rank = 2.0 * (p - 1) * c / p;
+  const bool multi = p > L;
+  t.node_out = multi ? per_rank : 0;
+  t.node_intra = (multi ? L - 1 : L) * per_rank;
+  t.rank_intra = per_rank;
+  return t;
+}
+
+/// tree: recursive halving then doubling among q = 2^k ranks, plus a fold when p > q.
+inline traffic tree_traffic(double c, int p, int L) {
+  traffic t;
+  const double q = pow2_floor(p);
+  const double steps = std::log2(q);
+  t.rounds = 2 * steps + (p > q ? 2 : 0);
+  // At distance d a rank sends c d / q in each phase; distances >= L leave the node.
+  double out = 0, in = 0;
+  for (double d = q / 2; d >= 1; d /= 2) (d >= L ? out : in) += 2 * c * d / q;
+  if (p > q) (L >= 2 ? in : out) += 2 * c;  // the fold pairs neighbours 2i, 2i + 1
+  t.node_out = L * out;
+  t.rank_intra = in;
+  t.node_intra = L * in;
+  return t;
+}
+
+inline double wire_time(const traffic& t, const machine& m) {
+  const double intra = m.intra_shared ? t.node_intra : t.rank_intra;
+  return t.node_out / m.inter.bytes_per_s + intra / m.intra.bytes_per_s;
+}
+
+}  // namespace detail
+
+/// Predicted time of one allreduce of `pr` with algorithm `a` on machine `m`.
+/// Throws cgx::error for a problem the model does not cover (p < 1, bits outside 0..8).
+inline prediction predict(algorithm a, const problem& pr, const machine& m) {
+  if (pr.ranks < 1 || pr.bits < 0 || pr.bits > 8 || !(pr.bytes >= 0) || m.ranks_per_node < 1)
+    throw error(errc::invalid_argument, "model::predict: need ranks >= 1, bits in 0..8, bytes >= 0");
+  prediction out;
+  const int p = pr.ranks;
+  if (p == 1) return out;
+  const int L = std::min(m.ranks_per_node, p);
+  const int N = (p + L - 1) / L;
+  const double S = pr.bytes;
+  const double share = std::min(1.0, static_cast<double>(m.cores_per_node) / L);
+  const double C = m.compress_bps * share, D = m.decompress_bps * share, DA = m.decompress_add_bps * share,
+               A = m.add_bps * share;
+  const double alpha = N > 1 ? m.inter.alpha_s : m.intra.alpha_s;
+  const double c = a == algorithm::mpi_ring ? S : S / compression_ratio(pr);
+  // Compute of one compressed flat schedule over P ranks on `bytes`.
+  auto flat_compute = [&](double bytes, int P) {
+    if (pr.bits == 0) return bytes * (P - 1) / P / A;
+    return bytes / C + bytes * (P - 1) / P / DA + bytes / D;
+  };
+  switch (a) {
+    case algorithm::mpi_ring: {
+      const auto t = detail::ring_traffic(c, p, L);
+      out.latency_s = t.rounds * alpha;
+      out.wire_s = detail::wire_time(t, m);
+      out.compute_s = S * (p - 1) / p / A;
+      break;
+    }
+    case algorithm::sra:
+    case algorithm::ring:
+    case algorithm::tree: {
+      const auto t = a == algorithm::sra ? detail::sra_traffic(c, p, L)
+                     : a == algorithm::ring ? detail::ring_traffic(c, p, L)
+                                            : detail::tree_traffic(c, p, L);
+      out.latency_s = t.rounds * alpha;
+      out.wire_s = detail::wire_time(t, m);
+      out.compute_s = flat_compute(S, p) + (a == algorithm::tree && p > detail::pow2_floor(p) ? S / C + S / DA : 0);
+      break;
+    }
+    case algorithm::hierarchical: {
+      // 1. raw reduce-scatter inside the node (hierarchical<uncompressed, ring>).
+      detail::traffic t1;
+      t1.rounds = L > 1 ? 1 : 0;
+      t1.rank_intra = (L - 1) * S / L;
+      t1.node_intra = L * t1.rank_intra;
+      // 2. L rings across the N nodes, each on S / L; all L leave through the node's NIC.
+      const auto t2 = detail::ring_traffic(c / L, N, 1);
+      // 3. raw allgather inside the node.
+      detail::traffic t3;
+      t3.rounds = L > 1 ? 1 : 0;
+      t3.rank_intra = (L - 1) * S / L;
+      t3.node_intra = L * t3.rank_intra;
+      detail::traffic t2n = t2;
+      t2n.node_out = L * t2.node_out;
+      out.latency_s = t1.rounds * m.intra.alpha_s + t2.rounds * m.inter.alpha_s + t3.rounds * m.intra.alpha_s;
+      out.wire_s = detail::wire_time(t1, m) + detail::wire_time(t2n, m) + detail::wire_time(t3, m);
+      out.compute_s = (L - 1) * S / L / A + (N > 1 ? flat_compute(S / L, N) : 0);
+      break;
+    }
+  }
+  return out;
+}
+
+/// Named machine profiles: the emulated networks of bench/ (checked against
+/// measurements) and typical clusters (assumed figures, stated in `description`).
+/// Throughputs of the emulated ones are those bench/quant_bench measured on the
+/// development machine (docs/results/README.md).
+inline constexpr std::array<machine, 8> profiles{{
+    {"loopback-1gbit", "one 2-core host, ranks share a 1 Gbit/s tbf loopback (bench/netns-run 1gbit)",
+     {50e-6, 125e6}, {50e-6, 125e6}, true, 1 << 20, 2, 4.0e9, 8.0e9, 6.0e9, 6.0e9},
+    {"loopback-10gbit", "one 2-core host, ranks share a 10 Gbit/s tbf loopback (bench/netns-run 10gbit)",
+     {50e-6, 1.25e9}, {50e-6, 1.25e9}, true, 1 << 20, 2, 4.0e9, 8.0e9, 6.0e9, 6.0e9},
+    {"cluster-1gbit", "emulated nodes of 2 ranks on one 2-core host, 1 Gbit/s per node link (bench/netns-cluster)",
+     {60e-6, 125e6}, {5e-6, 4e9}, true, 2, 1, 4.0e9, 8.0e9, 6.0e9, 6.0e9},
+    {"eth-10g", "10 Gbit/s Ethernet, 1 rank per node (CPU), 25 us",
+     {25e-6, 1.25e9}, {1e-6, 20e9}, true, 1, 16, 6.0e9, 10.0e9, 8.0e9, 8.0e9},
+    {"eth-25g", "25 Gbit/s Ethernet, 1 rank per node (CPU), 15 us",
+     {15e-6, 3.125e9}, {1e-6, 20e9}, true, 1, 16, 6.0e9, 10.0e9, 8.0e9, 8.0e9},
+    {"eth-100g", "100 Gbit/s Ethernet/InfiniBand, 1 rank per node (CPU), 5 us",
+     {5e-6, 12.5e9}, {1e-6, 20e9}, true, 1, 16, 6.0e9, 10.0e9, 8.0e9, 8.0e9},
+    {"pcie-8gpu-25g", "8 GPUs per node on PCIe 4 (no NVLink), 25 Gbit/s between nodes; GPU quantizer (assumed)",
+     {15e-6, 3.125e9}, {10e-6, 20e9}, true, 8, 8, 400e9, 800e9, 600e9, 800e9},
+    {"pcie-8gpu-100g", "8 GPUs per node on PCIe 4 (no NVLink), 100 Gbit/s between nodes; GPU quantizer (assumed)",
+     {5e-6, 12.5e9}, {10e-6, 20e9}, true, 8, 8, 400e9, 800e9, 600e9, 800e9},
+}};
+
+/// The profile named `n`; throws cgx::error(errc::invalid_argument) if there is none.
+inline const machine& profile(std::string_view n) {
+  for (const auto& m : profiles)
+    if (m.name == n) return m;
+  throw error(errc::invalid_argument, "model::profile: no profile named '" + std::string(n) + "'");
+}
+
+}  // namespace cgx::model

@@ -1,0 +1,150 @@
+// The cost model (include/cgx/model.hpp): its arithmetic, and its predictions against
+// the measurements on emulated networks kept in docs/results/ (made by bench/netns-run
+// and bench/netns-cluster; docs/results/README.md has the commands).
+#include <cgx/model.hpp>
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#ifndef CGX_RESULTS_DIR
+#error "CGX_RESULTS_DIR must name docs/results"
+#endif
+
+namespace {
+
+using namespace cgx::model;
+
+// One flat JSON object per record, as bench/allreduce_bench writes them: string,
+// number and null values only.
+using record = std::map<std::string, std::string>;
+
+std::vector<record> read_records(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), "cannot read " << path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string s = ss.str();
+  std::vector<record> out;
+  std::size_t i = 0;
+  while ((i = s.find('{', i)) != std::string::npos) {
+    const std::size_t end = s.find('}', i);
+    REQUIRE(end != std::string::npos);
+    record r;
+    std::size_t k = i + 1;
+    while (true) {
+      const std::size_t q0 = s.find('"', k);
+      if (q0 == std::string::npos || q0 > end) break;
+      const std::size_t q1 = s.find('"', q0 + 1);
+      const std::string key = s.substr(q0 + 1, q1 - q0 - 1);
+      std::size_t v = s.find(':', q1) + 1;
+      while (s[v] == ' ') ++v;
+      std::string val;
+      if (s[v] == '"') {
+        const std::size_t v1 = s.find('"', v + 1);
+        val = s.substr(v + 1, v1 - v - 1);
+        k = v1 + 1;
+      } else {
+        std::size_t v1 = v;
+        while (v1 < end && s[v1] != ',') ++v1;
+        val = s.substr(v, v1 - v);
+        while (!val.empty() && val.back() == ' ') val.pop_back();
+        k = v1;
+      }
+      r[key] = val;
+    }
+    out.push_back(std::move(r));
+    i = end + 1;
+  }
+  return out;
+}
+
+algorithm algorithm_of(const std::string& reducer) {
+  if (reducer == "sra") return algorithm::sra;
+  if (reducer == "ring") return algorithm::ring;
+  if (reducer == "tree") return algorithm::tree;
+  if (reducer == "hier") return algorithm::hierarchical;
+  FAIL("unknown reducer " << reducer);
+  return algorithm::sra;
+}
+
+// Checks every record of `file` with at least 1 MiB against the model on `profile`:
+// cgx's time and the baseline's (the ring model; the baseline is the better of Open
+// MPI's default and ring allreduce) within 25%. Returns the number of records checked.
+int check_file(const std::string& file, const std::string& profile_name) {
+  const machine& m = profile(profile_name);
+  int checked = 0;
+  for (const record& r : read_records(std::string(CGX_RESULTS_DIR) + "/" + file)) {
+    const double bytes = std::stod(r.at("bytes"));
+    if (bytes < (1 << 20) || r.at("dtype") != "float") continue;
+    const int ranks = std::stoi(r.at("ranks"));
+    int bits = std::stoi(r.at("bits"));
+    if (bits == 32) bits = 0;
+    const problem pr{bytes, ranks, bits, std::stod(r.at("bucket"))};
+    const double cgx_pred = predict(algorithm_of(r.at("reducer")), pr, m).total_s();
+    const double mpi_pred = predict(algorithm::mpi_ring, pr, m).total_s();
+    const double cgx_meas = std::stod(r.at("time_s"));
+    const double mpi_meas = std::stod(r.at("mpi_time_s"));
+    INFO(file << ": " << bytes << " bytes, " << r.at("bits") << " bits, " << r.at("reducer") << ": cgx measured "
+              << cgx_meas << " s predicted " << cgx_pred << " s; mpi measured " << mpi_meas << " s predicted "
+              << mpi_pred << " s");
+    CHECK(std::fabs(cgx_pred / cgx_meas - 1) <= 0.25);
+    CHECK(std::fabs(mpi_pred / mpi_meas - 1) <= 0.25);
+    ++checked;
+  }
+  return checked;
+}
+
+}  // namespace
+
+TEST_CASE("model: compression ratio is quant::maxmin's exact byte ratio") {
+  // 1024 fp32 values: 4096 bytes; 4-bit codes 512 bytes + 8 bytes of metadata.
+  CHECK(compression_ratio(problem{1, 2, 4}) == doctest::Approx(4096.0 / 520.0));
+  CHECK(compression_ratio(problem{1, 2, 8}) == doctest::Approx(4096.0 / 1032.0));
+  CHECK(compression_ratio(problem{1, 2, 0}) == 1.0);
+}
+
+TEST_CASE("model: the uncompressed ring on a shared link costs 2 (p-1) S over the bandwidth") {
+  const machine& m = profile("loopback-1gbit");
+  for (int p : {2, 3, 4, 8}) {
+    const double S = 64.0 * (1 << 20);
+    const prediction t = predict(algorithm::mpi_ring, problem{S, p, 0}, m);
+    CHECK(t.wire_s == doctest::Approx(2.0 * (p - 1) * S / m.intra.bytes_per_s));
+    CHECK(t.latency_s == doctest::Approx(2.0 * (p - 1) * m.intra.alpha_s));
+  }
+}
+
+TEST_CASE("model: fewer bits send fewer bytes; one rank costs nothing; bad input throws") {
+  for (const auto& m : profiles) {
+    for (algorithm a : {algorithm::sra, algorithm::ring, algorithm::tree, algorithm::hierarchical}) {
+      const double w8 = predict(a, problem{1 << 26, 16, 8}, m).wire_s;
+      const double w4 = predict(a, problem{1 << 26, 16, 4}, m).wire_s;
+      const double w2 = predict(a, problem{1 << 26, 16, 2}, m).wire_s;
+      CHECK(w2 < w4);
+      CHECK(w4 < w8);
+      CHECK(predict(a, problem{1 << 26, 1, 4}, m).total_s() == 0.0);
+    }
+  }
+  CHECK_THROWS_AS(predict(algorithm::sra, problem{1, 0, 4}, profiles[0]), cgx::error);
+  CHECK_THROWS_AS(predict(algorithm::sra, problem{1, 4, 9}, profiles[0]), cgx::error);
+  CHECK_THROWS_AS(profile("no-such-network"), cgx::error);
+}
+
+TEST_CASE("model: the hierarchical reducer sends less between nodes than flat sra") {
+  const machine& m = profile("pcie-8gpu-25g");
+  const problem pr{256.0 * (1 << 20), 64, 4};
+  CHECK(predict(algorithm::hierarchical, pr, m).wire_s < predict(algorithm::sra, pr, m).wire_s);
+}
+
+TEST_CASE("model: predictions within 25% of the emulated measurements at 1 MiB and above") {
+  int n = 0;
+  n += check_file("tcp-1gbit.json", "loopback-1gbit");
+  n += check_file("tcp-10gbit.json", "loopback-10gbit");
+  n += check_file("cluster-2x2-1gbit.json", "cluster-1gbit");
+  MESSAGE(n << " measured records checked");
+  CHECK(n >= 10);
+}
