@@ -99,7 +99,7 @@ class allgather_plan : public detail::plan_base<X> {
   }
 
  private:
-  static constexpr int tag = 0x6370;
+  static constexpr int tag = 0x6374;  // distinct from every reducer's tags
   static std::int64_t signature() { return detail::plan_signature<T, Q>("allgather").value(); }
 
   std::vector<typename X::request> reqs_;

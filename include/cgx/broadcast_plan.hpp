@@ -102,7 +102,7 @@ class broadcast_plan : public detail::plan_base<X> {
   }
 
  private:
-  static constexpr int tag = 0x6371;
+  static constexpr int tag = 0x6375;  // distinct from every reducer's tags
 
   std::vector<typename X::request> reqs_;
 };

@@ -27,9 +27,13 @@
 /// magnitudes, and, only where E / p is below half an ulp of T at the result (float
 /// data with a bound near float's precision), the rounding of the result to T.
 ///
-/// With one element through each step, both are exact on one rank and both give every
-/// rank the same bits (the owner decodes its own compressed sum; the allgather forwards
-/// bytes unchanged).
+/// Both give every rank the same bits (the owner decodes its own compressed sum; the
+/// allgather forwards bytes unchanged). On one rank nothing is sent or quantized.
+///
+/// comm::tree is not supported: its recursive doubling sends several chunks to one
+/// partner in one step, which varsize_exchange (one message per peer and direction)
+/// does not carry; its error terms would also be p (q - 1 halving edges of the binomial
+/// tree, p - q folds, the final quantization).
 
 #include <algorithm>
 #include <cstddef>
@@ -138,8 +142,8 @@ struct error_bounded_schedule<scatter_reduce_allgather> {
     }
 
    private:
-    static constexpr int tag_scatter = 0x6380;  // and 0x6381 for payloads
-    static constexpr int tag_gather = 0x6382;   // and 0x6383
+    static constexpr int tag_scatter = 0x6390;  // and 0x6391 for payloads
+    static constexpr int tag_gather = 0x6392;   // and 0x6393
     varsize_exchange<X> vx_;
   };
 };
@@ -227,8 +231,8 @@ struct error_bounded_schedule<ring> {
     }
 
    private:
-    static constexpr int tag_reduce = 0x6384;  // and 0x6385 for payloads
-    static constexpr int tag_gather = 0x6386;  // and 0x6387
+    static constexpr int tag_reduce = 0x6394;  // and 0x6395 for payloads
+    static constexpr int tag_gather = 0x6396;  // and 0x6397
     varsize_exchange<X> vx_;
     std::vector<std::size_t> len_;
   };
