@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -83,6 +84,17 @@ bool identical_on_all_ranks(const std::vector<T>& v) {
   int all = 0;
   MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   return all == 1;
+}
+
+// The code of the cgx::error that f() throws, or nothing if it throws none.
+template <class F>
+std::optional<cgx::errc> error_code_of(F&& f) {
+  try {
+    f();
+  } catch (const cgx::error& e) {
+    return e.code();
+  }
+  return std::nullopt;
 }
 
 }  // namespace cgx_test

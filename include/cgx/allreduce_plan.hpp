@@ -16,47 +16,11 @@
 
 #include "concepts.hpp"
 #include "error.hpp"
+#include "plan_common.hpp"
 #include "quant/host_exec.hpp"
 #include "quant/rounding.hpp"
 
 namespace cgx {
-
-/// How much a plan checks before it moves data.
-enum class checking {
-  /// Only this rank's own arguments (null buffer, count above capacity). Free, but a
-  /// rank whose arguments differ from the others' is not detected and may hang.
-  local,
-  /// Also that every rank passed the same count and the same plan type: one small
-  /// allreduce-like exchange per call (one network latency). A violation throws
-  /// cgx::error on *every* rank before any data moves.
-  collective,
-  /// The default: `collective` in builds without NDEBUG (debug builds), `local` with
-  /// NDEBUG, the convention of assert(). The choice must not depend on anything the
-  /// ranks might disagree on (such as the count of a call), or a rank that skips the
-  /// check would deadlock the ones that make it.
-  automatic,
-};
-
-/// What `automatic` means in this translation unit.
-constexpr checking resolve(checking c) noexcept {
-#ifdef NDEBUG
-  return c == checking::automatic ? checking::local : c;
-#else
-  return c == checking::automatic ? checking::collective : c;
-#endif
-}
-
-/// Run-time options of a plan.
-struct plan_options {
-  checking check = checking::automatic;  ///< argument checking level
-  std::uint64_t seed = 0x63677821u;       ///< seed of stochastic rounding (any value; ranks may differ)
-  int threads = 1;                        ///< host threads for (de)compression, per rank
-  /// Messages of fewer bytes (uncompressed) go through the transport's own uncompressed
-  /// allreduce (MPI_Allreduce for comm::mpi) when it has one: below this size latency,
-  /// not bandwidth, decides, and compression cannot win. 0 disables the fallback. The
-  /// default comes from bench/allreduce_bench sweeps (see docs/threshold.md).
-  std::size_t native_below_bytes = std::size_t{64} << 10;
-};
 
 /// Compressed allreduce (sum, in place) of up to `max_count` values of T.
 ///
@@ -110,10 +74,7 @@ class allreduce_plan {
       : x_(std::move(transport)), max_count_(max_count), opts_(opts), sched_(x_), ws_(workspace) {
     validate_options();
     const std::size_t need = workspace_bytes(max_count_, x_.size());
-    if (workspace.size() < need || (need > 0 && workspace.data() == nullptr))
-      throw error(errc::workspace, "allreduce_plan: workspace of " + std::to_string(workspace.size()) +
-                                       " bytes is too small: " + std::to_string(max_count_) + " values on " +
-                                       std::to_string(x_.size()) + " ranks need " + std::to_string(need));
+    detail::require_workspace(workspace, need, "allreduce_plan", max_count_, x_.size());
   }
 
   /// Sums buf[0..n) over all ranks, in place, blocking. Collective: every rank calls it
@@ -196,46 +157,10 @@ class allreduce_plan {
   }
 
   /// A number that differs between plans of different T, Q or R.
-  static std::int64_t signature() {
-    std::uint64_t h = 1469598103934665603ull;
-    auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-    mix(sizeof(T));
-    mix(static_cast<std::uint64_t>(Q::bits));
-    mix(Q::bucket_size);
-    mix(std::is_same_v<typename Q::rounding, quant::stochastic> ? 1 : 0);
-    for (const char* c = R::name; *c != 0; ++c) mix(static_cast<unsigned char>(*c));
-    return static_cast<std::int64_t>(h >> 1);
-  }
+  static std::int64_t signature() { return detail::plan_signature<T, Q>(R::name).value(); }
 
   void check(const T* buf, std::size_t n) {
-    enum : std::int64_t { null_buffer = 1, too_many = 2 };
-    std::int64_t bad = 0;
-    if (buf == nullptr && n > 0) bad |= null_buffer;
-    if (n > max_count_) bad |= too_many;
-    // Messages are built only on the way to a throw: no allocation on the hot path.
-    auto where = [this] { return "allreduce_plan (rank " + std::to_string(x_.rank()) + "): "; };
-    auto local_message = [&]() -> std::string {
-      if (bad & null_buffer) return "null buffer with count " + std::to_string(n) + " > 0";
-      return "count " + std::to_string(n) + " exceeds the plan's max_count " + std::to_string(max_count_);
-    };
-    if (resolve(opts_.check) == checking::local) {
-      if (bad != 0) throw error(errc::invalid_argument, where() + local_message());
-      return;
-    }
-    const auto sn = static_cast<std::int64_t>(n);
-    const std::int64_t sig = sig_;
-    std::array<std::int64_t, 5> v{sn, -sn, sig, -sig, bad};
-    x_.max_all(v);
-    if (bad != 0) throw error(errc::invalid_argument, where() + local_message());
-    if (v[4] != 0) throw error(errc::invalid_argument, where() + "another rank passed invalid arguments (null buffer "
-                                                              "or count above max_count); no data was moved");
-    if (v[0] != -v[1])
-      throw error(errc::mismatch, where() + "ranks passed different counts (between " + std::to_string(-v[1]) +
-                                      " and " + std::to_string(v[0]) + "; this rank " + std::to_string(n) +
-                                      "); no data was moved");
-    if (v[2] != -v[3])
-      throw error(errc::mismatch, where() + "ranks called plans of different value type, quantizer, reducer or "
-                                          "native_below_bytes; no data was moved");
+    detail::check_call(x_, opts_.check, "allreduce_plan", buf == nullptr, n, max_count_, sig_);
   }
 
   X x_;

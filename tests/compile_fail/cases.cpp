@@ -21,6 +21,17 @@ static_assert(sizeof(q::maxmin<8, std::size_t{1} << 20, q::stochastic>) > 0);
 static_assert(sizeof(cgx::allreduce_plan<float, Q, sra, cgx::comm::mpi>) > 0);
 static_assert(sizeof(cgx::allreduce_plan<double, q::maxmin<2, 512>, sra, cgx::comm::mpi>) > 0);
 static_assert(sizeof(cgx::allreduce_plan<float, q::none, sra, cgx::comm::mpi>) > 0);
+static_assert(sizeof(cgx::error_bounded_plan<float, q::error_bounded<>, sra, cgx::comm::mpi>) > 0);
+static_assert(sizeof(cgx::error_bounded_plan<double, q::error_bounded<64>, cgx::comm::ring, cgx::comm::shm>) > 0);
+static_assert(sizeof(cgx::reduce_scatter_plan<float, Q, cgx::comm::shm>) > 0);
+static_assert(sizeof(cgx::allgather_plan<double, q::none, cgx::comm::mpi>) > 0);
+static_assert(sizeof(cgx::broadcast_plan<float, Q, cgx::comm::mpi>) > 0);
+#elif defined(CGX_CF_EB_PLAN_TREE)
+static_assert(sizeof(cgx::error_bounded_plan<float, q::error_bounded<>, cgx::comm::tree, cgx::comm::mpi>) > 0);
+#elif defined(CGX_CF_EB_PLAN_MAXMIN)
+static_assert(sizeof(cgx::error_bounded_plan<float, Q, sra, cgx::comm::mpi>) > 0);
+#elif defined(CGX_CF_ALLGATHER_EB)
+static_assert(sizeof(cgx::allgather_plan<float, q::error_bounded<>, cgx::comm::mpi>) > 0);
 #elif defined(CGX_CF_MAXMIN_BITS_0)
 static_assert(sizeof(q::maxmin<0, 1024>) > 0);
 #elif defined(CGX_CF_MAXMIN_BITS_9)

@@ -60,6 +60,16 @@ struct scatter_reduce_allgather {
 
     /// In place sum over all ranks of buf[0..n). Collective.
     void run(T* buf, std::size_t n, X& x, std::byte* ws, const quant::rng_state& rng, quant::host_exec ex) {
+      if (x.size() == 1 || n == 0) return;
+      scatter_reduce(buf, n, x, ws, rng, ex);
+      allgather(buf, n, x, ws, ex);
+    }
+
+    /// Phases 1 and 2: afterwards buf[chunk_of(n, p, rank)] holds the decoded
+    /// (re-quantized) sum of this rank's chunk, bit for bit what run() leaves there, and
+    /// the workspace holds its compressed bytes for allgather(). The rest of buf is
+    /// left as it was. Collective.
+    void scatter_reduce(T* buf, std::size_t n, X& x, std::byte* ws, const quant::rng_state& rng, quant::host_exec ex) {
       const int p = x.size();
       const int me = x.rank();
       if (p == 1 || n == 0) return;
@@ -71,7 +81,6 @@ struct scatter_reduce_allgather {
       const chunk mine = chunk_of(n, p, me);
       const std::size_t mine_bytes = Q::template compressed_bytes<T>(mine.count);
 
-      // Phase 1: scatter-reduce.
       reqs_.clear();
       if (mine_bytes != 0)
         for (int r = 0; r < p; ++r)
@@ -101,16 +110,30 @@ struct scatter_reduce_allgather {
         Q::template compress<T>(buf + mine.begin, mine.count, sslot(me), s, ex);
         if constexpr (!Q::lossless) Q::template decompress<T>(sslot(me), mine.count, buf + mine.begin, ex);
       }
+      x.wait_all(std::span(reqs_.data() + nrecv, reqs_.size() - nrecv));
+      reqs_.clear();
+    }
 
-      // Phase 2: allgather of the compressed sums.
+    /// Phase 3, after scatter_reduce(): every rank's compressed sum goes to every rank,
+    /// which decodes it into buf. Collective.
+    void allgather(T* buf, std::size_t n, X& x, std::byte* ws, quant::host_exec ex) {
+      const int p = x.size();
+      const int me = x.rank();
+      if (p == 1 || n == 0) return;
+      const std::size_t slot = slot_bytes(n, p);
+      std::byte* own = ws + static_cast<std::size_t>(me) * slot;
+      auto rslot = [&](int r) { return ws + static_cast<std::size_t>(p + r) * slot; };
+      const std::size_t mine_bytes = Q::template compressed_bytes<T>(chunk_of(n, p, me).count);
+      reqs_.clear();
       for (int r = 0; r < p; ++r) {
         if (r == me) continue;
         const chunk c = chunk_of(n, p, r);
         if (c.count != 0) reqs_.push_back(x.irecv(rslot(r), Q::template compressed_bytes<T>(c.count), r, tag_gather));
       }
-      if (mine.count != 0)
-        for (int step = 1; step < p; ++step) reqs_.push_back(x.isend(sslot(me), mine_bytes, (me + step) % p, tag_gather));
-      x.wait_all(std::span(reqs_.data() + nrecv, reqs_.size() - nrecv));
+      if (mine_bytes != 0)
+        for (int step = 1; step < p; ++step) reqs_.push_back(x.isend(own, mine_bytes, (me + step) % p, tag_gather));
+      x.wait_all(std::span(reqs_));
+      reqs_.clear();
       for (int r = 0; r < p; ++r) {
         if (r == me) continue;
         const chunk c = chunk_of(n, p, r);

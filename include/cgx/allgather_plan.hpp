@@ -1,0 +1,108 @@
+#pragma once
+/// \file allgather_plan.hpp
+/// `cgx::allgather_plan<T, Q, X>`: every rank contributes a block of `count` values and
+/// every rank receives all p blocks, compressed on the wire.
+///
+/// Rank r compresses its block once (stochastic rounding stream r) and sends the same
+/// bytes to every other rank; every rank, r included, decodes block r from those bytes,
+/// so all ranks end with the same bits for every block (the owner's block too is
+/// replaced by its decoded form). Error per value: one quantization (maxmin: unit/2
+/// nearest, < unit stochastic, of the block's bucket); exact with quant::none and on
+/// one rank. Traffic per rank: (p - 1) compressed blocks sent, (p - 1) received.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "comm/chunking.hpp"
+#include "concepts.hpp"
+#include "plan_common.hpp"
+#include "quant/host_exec.hpp"
+
+namespace cgx {
+
+/// Compressed allgather of blocks of up to `max_count` values of T per rank (see the
+/// file comment).
+///
+/// \tparam T  float or double
+/// \tparam Q  a fixed-size quantizer: quant::maxmin<...> or quant::none
+/// \tparam X  transport: comm::mpi or comm::shm
+///
+/// Construction and every call are collective: every rank of the transport must make
+/// them, in the same order.
+template <class T, class Q, class X>
+class allgather_plan : public detail::plan_base<X> {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "cgx::allgather_plan: T must be float or double");
+  static_assert(quantizer_for<Q, T>, "cgx::allgather_plan: Q must be a fixed-size quantizer "
+                                     "(cgx::quant::maxmin<Bits, Bucket, Rounding> or cgx::quant::none)");
+  static_assert(transport<X>, "cgx::allgather_plan: X must be a transport (cgx::comm::mpi or cgx::comm::shm)");
+  using base = detail::plan_base<X>;
+
+ public:
+  using value_type = T;
+  using quantizer_type = Q;
+  using transport_type = X;
+
+  /// Bytes of workspace for blocks of up to `max_count` values on `ranks` ranks.
+  static std::size_t workspace_bytes(std::size_t max_count, int ranks) {
+    return static_cast<std::size_t>(ranks) * comm::round_to_line(Q::template compressed_bytes<T>(max_count));
+  }
+
+  /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes.
+  allgather_plan(X transport, std::size_t max_count, plan_options opts = {})
+      : base(std::move(transport), max_count, opts, "allgather_plan") {
+    this->own_workspace(workspace_bytes(max_count, this->x_.size()));
+    reqs_.reserve(2 * static_cast<std::size_t>(this->x_.size()));
+  }
+
+  /// Collective. Uses the caller's workspace (at least workspace_bytes(max_count,
+  /// transport.size()) bytes, outliving the plan); throws cgx::error(errc::workspace) if smaller.
+  allgather_plan(X transport, std::size_t max_count, std::span<std::byte> workspace, plan_options opts = {})
+      : base(std::move(transport), max_count, opts, "allgather_plan") {
+    this->use_workspace(workspace, workspace_bytes(max_count, this->x_.size()));
+    reqs_.reserve(2 * static_cast<std::size_t>(this->x_.size()));
+  }
+
+  /// Gathers every rank's block in[0..count) into out[r count .. (r + 1) count) for
+  /// r = 0..p-1. `in` may be `out + rank() * count` (in place); otherwise the two must
+  /// not overlap. Collective: every rank calls it with the same count. Throws
+  /// cgx::error, leaving out untouched, for a null in or out with count > 0, count above
+  /// max_count(), or (collective checking) counts or plan types that differ between ranks.
+  void operator()(const T* in, std::size_t count, T* out) {
+    detail::check_call(this->x_, this->opts_.check, "allgather_plan", in == nullptr || out == nullptr, count,
+                       this->max_count_, signature());
+    const int p = this->x_.size();
+    const int me = this->x_.rank();
+    const quant::rng_state rng0 = this->next_rng();
+    if (count == 0) return;
+    T* own = out + static_cast<std::size_t>(me) * count;
+    if (p == 1) {
+      if (own != in) std::memmove(own, in, count * sizeof(T));
+      return;
+    }
+    const std::size_t bytes = Q::template compressed_bytes<T>(count);
+    const std::size_t slot = comm::round_to_line(bytes);
+    auto wslot = [&](int r) { return this->ws_.data() + static_cast<std::size_t>(r) * slot; };
+    const quant::host_exec ex{this->opts_.threads};
+    quant::rng_state rng = rng0;
+    rng.stream = static_cast<std::uint32_t>(me);
+    Q::template compress<T>(in, count, wslot(me), rng, ex);
+    reqs_.clear();
+    for (int s = 1; s < p; ++s) reqs_.push_back(this->x_.irecv(wslot((me + p - s) % p), bytes, (me + p - s) % p, tag));
+    for (int s = 1; s < p; ++s) reqs_.push_back(this->x_.isend(wslot(me), bytes, (me + s) % p, tag));
+    this->x_.wait_all(std::span(reqs_));
+    reqs_.clear();
+    for (int r = 0; r < p; ++r) Q::template decompress<T>(wslot(r), count, out + static_cast<std::size_t>(r) * count, ex);
+  }
+
+ private:
+  static constexpr int tag = 0x6374;  // distinct from every reducer's tags
+  static std::int64_t signature() { return detail::plan_signature<T, Q>("allgather").value(); }
+
+  std::vector<typename X::request> reqs_;
+};
+
+}  // namespace cgx

@@ -1,0 +1,110 @@
+#pragma once
+/// \file broadcast_plan.hpp
+/// `cgx::broadcast_plan<T, Q, X>`: the root's buffer to every rank, compressed once.
+///
+/// The root compresses its buffer once; the bytes travel down a binomial tree (rank
+/// root + k receives from root + k - 2^j, where 2^j is the lowest set bit of k, and
+/// forwards the bytes unchanged to root + k + 2^i for every 2^i < 2^j; mod p), so the latency is
+/// ceil(log2 p) steps and every rank sends at most ceil(log2 p) messages. Every rank,
+/// the root included, then decodes the same bytes: all ranks end with the same bits
+/// (the root's buffer is replaced by its decoded form). Error per value: one
+/// quantization (maxmin: unit/2 nearest, < unit stochastic); exact with quant::none and
+/// on one rank (nothing is sent or changed).
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "concepts.hpp"
+#include "plan_common.hpp"
+#include "quant/host_exec.hpp"
+
+namespace cgx {
+
+/// Compressed broadcast of up to `max_count` values of T (see the file comment).
+///
+/// \tparam T  float or double
+/// \tparam Q  a fixed-size quantizer: quant::maxmin<...> or quant::none
+/// \tparam X  transport: comm::mpi or comm::shm
+///
+/// Construction and every call are collective: every rank of the transport must make
+/// them, in the same order.
+template <class T, class Q, class X>
+class broadcast_plan : public detail::plan_base<X> {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "cgx::broadcast_plan: T must be float or double");
+  static_assert(quantizer_for<Q, T>, "cgx::broadcast_plan: Q must be a fixed-size quantizer "
+                                     "(cgx::quant::maxmin<Bits, Bucket, Rounding> or cgx::quant::none)");
+  static_assert(transport<X>, "cgx::broadcast_plan: X must be a transport (cgx::comm::mpi or cgx::comm::shm)");
+  using base = detail::plan_base<X>;
+
+ public:
+  using value_type = T;
+  using quantizer_type = Q;
+  using transport_type = X;
+
+  /// Bytes of workspace for up to `max_count` values (any number of ranks).
+  static std::size_t workspace_bytes(std::size_t max_count, int /*ranks*/) {
+    return Q::template compressed_bytes<T>(max_count);
+  }
+
+  /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes.
+  broadcast_plan(X transport, std::size_t max_count, plan_options opts = {})
+      : base(std::move(transport), max_count, opts, "broadcast_plan") {
+    this->own_workspace(workspace_bytes(max_count, this->x_.size()));
+  }
+
+  /// Collective. Uses the caller's workspace (at least workspace_bytes(max_count,
+  /// transport.size()) bytes, outliving the plan); throws cgx::error(errc::workspace) if smaller.
+  broadcast_plan(X transport, std::size_t max_count, std::span<std::byte> workspace, plan_options opts = {})
+      : base(std::move(transport), max_count, opts, "broadcast_plan") {
+    this->use_workspace(workspace, workspace_bytes(max_count, this->x_.size()));
+  }
+
+  /// Replaces buf[0..n) on every rank by the root's values (decoded). Collective: every
+  /// rank calls it with the same n and root. Throws cgx::error, leaving buf untouched,
+  /// for a null buf with n > 0, n above max_count(), a root outside [0, size()), or
+  /// (collective checking) counts, roots or plan types that differ between ranks.
+  void operator()(T* buf, std::size_t n, int root) {
+    const int p = this->x_.size();
+    const bool bad_root = root < 0 || root >= p;
+    detail::signature_hash h = detail::plan_signature<T, Q>("broadcast");
+    h.mix(static_cast<std::uint64_t>(static_cast<std::uint32_t>(root)));
+    detail::check_call(this->x_, this->opts_.check, "broadcast_plan", buf == nullptr, n, this->max_count_, h.value(),
+                       bad_root, [&] { return "root " + std::to_string(root) + " outside [0, " + std::to_string(p) + ")"; });
+    const quant::rng_state rng0 = this->next_rng();
+    if (p == 1 || n == 0) return;
+    const int me = this->x_.rank();
+    const int k = (me - root + p) % p;  // position in the tree
+    auto real = [&](int v) { return (v + root) % p; };
+    const std::size_t bytes = Q::template compressed_bytes<T>(n);
+    std::byte* w = this->ws_.data();
+    const quant::host_exec ex{this->opts_.threads};
+    int mask = 1;
+    if (k == 0) {
+      quant::rng_state rng = rng0;
+      rng.stream = static_cast<std::uint32_t>(root);
+      Q::template compress<T>(buf, n, w, rng, ex);
+      while (mask < p) mask <<= 1;
+    } else {
+      while ((k & mask) == 0) mask <<= 1;  // the lowest set bit names the parent
+      auto q = this->x_.irecv(w, bytes, real(k - mask), tag);
+      this->x_.wait_all(std::span(&q, 1));
+    }
+    reqs_.clear();
+    for (mask >>= 1; mask > 0; mask >>= 1)
+      if (k + mask < p) reqs_.push_back(this->x_.isend(w, bytes, real(k + mask), tag));
+    this->x_.wait_all(std::span(reqs_));
+    reqs_.clear();
+    Q::template decompress<T>(w, n, buf, ex);
+  }
+
+ private:
+  static constexpr int tag = 0x6375;  // distinct from every reducer's tags
+
+  std::vector<typename X::request> reqs_;
+};
+
+}  // namespace cgx

@@ -1,0 +1,241 @@
+#pragma once
+/// \file error_bounded_schedules.hpp
+/// The SRA and ring schedules for a variable-size, error-bounded quantizer
+/// (quant::error_bounded), used by error_bounded_plan. They follow
+/// scatter_reduce_allgather.hpp and ring.hpp step for step, with three differences:
+/// messages carry their length first (comm/varsize.hpp), partial sums are accumulated
+/// in double, and every quantization is given the same absolute bound e.
+///
+/// # Error terms (e = the bound given to every quantization; see error_bounded.hpp)
+///
+/// SRA, element i of chunk o: the owner adds its own exact value and the p - 1 other
+/// ranks' decoded contributions (each within e of the input), then quantizes the sum
+/// once more (within e, checked on the value decoded to T):
+///
+///     |result_i - sum_i| <= (p - 1) e + e = p e  (+ the double rounding of the p - 1 additions)
+///
+/// Ring, element i of chunk c: the running sum is quantized at each of the p - 1 hops
+/// (each hop adds at most e to the error, whatever the sum's range, since the bound is
+/// absolute) and once more by the owner:
+///
+///     |result_i - sum_i| <= (p - 1) e + e = p e  (+ the double rounding of the p - 1 additions)
+///
+/// So both have `error_terms(p) = p` quantization errors (0 on one rank, where nothing
+/// is quantized and the result is the input), and a plan asked for a final bound E gives
+/// every quantization e = E / p. The residual is the rounding of the p - 1 additions in
+/// double, at most (p - 1) 2^-53 sum_r |x_r,i| (plus the errors), about 1e-16 of the
+/// magnitudes, and, only where E / p is below half an ulp of T at the result (float
+/// data with a bound near float's precision), the rounding of the result to T.
+///
+/// Both give every rank the same bits (the owner decodes its own compressed sum; the
+/// allgather forwards bytes unchanged). On one rank nothing is sent or quantized.
+///
+/// comm::tree is not supported: its recursive doubling sends several chunks to one
+/// partner in one step, which varsize_exchange (one message per peer and direction)
+/// does not carry; its error terms would also be p (q - 1 halving edges of the binomial
+/// tree, p - q folds, the final quantization).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "chunking.hpp"
+#include "ring.hpp"
+#include "scatter_reduce_allgather.hpp"
+#include "varsize.hpp"
+
+namespace cgx::comm {
+
+/// The error-bounded schedule of reducer R, or none: only the specializations below exist.
+template <class R>
+struct error_bounded_schedule {
+  static constexpr bool supported = false;
+};
+
+/// Bytes sent by one call of an error-bounded schedule on this rank.
+struct error_bounded_traffic {
+  std::size_t sent = 0;  ///< bytes this rank sent: payloads and 8-byte length headers
+  std::size_t raw = 0;   ///< bytes the same schedule sends uncompressed (values of T)
+};
+
+namespace detail {
+/// Largest compressed chunk and the double accumulator of a schedule, in bytes.
+template <class Q>
+std::size_t eb_slot_bytes(std::size_t n, int p) {
+  return round_to_line(Q::template max_compressed_bytes<double>(largest_chunk(n, p, granule_of<Q>)));
+}
+template <class Q>
+std::size_t eb_acc_bytes(std::size_t n, int p) {
+  return round_to_line(largest_chunk(n, p, granule_of<Q>) * sizeof(double));
+}
+}  // namespace detail
+
+/// SRA with variable-size messages (see the file comment).
+template <>
+struct error_bounded_schedule<scatter_reduce_allgather> {
+  static constexpr bool supported = true;
+  /// Quantization errors on an element's path.
+  static constexpr int error_terms(int p) { return p > 1 ? p : 0; }
+
+  template <class T, class Q, class X>
+  class schedule {
+   public:
+    /// 2 p compressed slots and a double accumulator for one chunk.
+    static std::size_t workspace_bytes(std::size_t n, int p) {
+      return 2 * static_cast<std::size_t>(p) * detail::eb_slot_bytes<Q>(n, p) + detail::eb_acc_bytes<Q>(n, p);
+    }
+    static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule_of<Q>); }
+
+    explicit schedule(X& x) : vx_(x.size()) {}
+
+    /// In place sum of buf[0..n) over all ranks, every quantization within e. Collective.
+    error_bounded_traffic run(T* buf, std::size_t n, X& x, std::byte* ws, double e) {
+      const int p = x.size();
+      const int me = x.rank();
+      error_bounded_traffic t;
+      if (p == 1 || n == 0) return t;
+      const std::size_t slot = detail::eb_slot_bytes<Q>(n, p);
+      auto sslot = [&](int r) { return ws + static_cast<std::size_t>(r) * slot; };
+      auto rslot = [&](int r) { return ws + static_cast<std::size_t>(p + r) * slot; };
+      auto* acc = reinterpret_cast<double*>(ws + 2 * static_cast<std::size_t>(p) * slot);
+      const chunk mine = chunk_of(n, p, me);
+      vx_.reset_sent();
+
+      // 1. Scatter-reduce: each contribution within e of the input, summed in double.
+      for (int r = 0; r < p; ++r) {
+        if (r == me) continue;
+        const chunk c = chunk_of(n, p, r);
+        if (mine.count != 0) vx_.post_recv(x, rslot(r), slot, r, tag_scatter);
+        if (c.count == 0) continue;
+        const std::size_t len = Q::template compress<T, double>(buf + c.begin, c.count, sslot(r), e);
+        vx_.post_send(x, sslot(r), len, r, tag_scatter);
+        t.raw += c.count * sizeof(T);
+      }
+      vx_.wait(x);
+      std::size_t mine_len = 0;
+      if (mine.count != 0) {
+        for (std::size_t i = 0; i < mine.count; ++i) acc[i] = static_cast<double>(buf[mine.begin + i]);
+        for (int r = 0; r < p; ++r)
+          if (r != me) Q::template decompress_add<double>(rslot(r), mine.count, acc);
+        // 2. The sum is quantized once, checked as decoded to T; the owner keeps the decoded bytes.
+        mine_len = Q::template compress<double, T>(acc, mine.count, sslot(me), e);
+        Q::template decompress<T>(sslot(me), mine.count, buf + mine.begin);
+      }
+
+      // 3. Allgather of the compressed sums.
+      for (int r = 0; r < p; ++r) {
+        if (r == me) continue;
+        if (chunk_of(n, p, r).count != 0) vx_.post_recv(x, rslot(r), slot, r, tag_gather);
+        if (mine.count != 0) {
+          vx_.post_send(x, sslot(me), mine_len, r, tag_gather);
+          t.raw += mine.count * sizeof(T);
+        }
+      }
+      vx_.wait(x);
+      for (int r = 0; r < p; ++r) {
+        const chunk c = chunk_of(n, p, r);
+        if (r != me && c.count != 0) Q::template decompress<T>(rslot(r), c.count, buf + c.begin);
+      }
+      t.sent = vx_.sent();
+      return t;
+    }
+
+   private:
+    static constexpr int tag_scatter = 0x6390;  // and 0x6391 for payloads
+    static constexpr int tag_gather = 0x6392;   // and 0x6393
+    varsize_exchange<X> vx_;
+  };
+};
+
+/// Ring with variable-size messages (see the file comment).
+template <>
+struct error_bounded_schedule<ring> {
+  static constexpr bool supported = true;
+  /// Quantization errors on an element's path.
+  static constexpr int error_terms(int p) { return p > 1 ? p : 0; }
+
+  template <class T, class Q, class X>
+  class schedule {
+   public:
+    /// p slots for the allgather, one send and one receive slot, a double accumulator.
+    static std::size_t workspace_bytes(std::size_t n, int p) {
+      return (static_cast<std::size_t>(p) + 2) * detail::eb_slot_bytes<Q>(n, p) + detail::eb_acc_bytes<Q>(n, p);
+    }
+    static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule_of<Q>); }
+
+    explicit schedule(X& x) : vx_(x.size()), len_(static_cast<std::size_t>(x.size())) {}
+
+    /// In place sum of buf[0..n) over all ranks, every quantization within e. Collective.
+    error_bounded_traffic run(T* buf, std::size_t n, X& x, std::byte* ws, double e) {
+      const int p = x.size();
+      const int me = x.rank();
+      error_bounded_traffic t;
+      if (p == 1 || n == 0) return t;
+      const std::size_t slot = detail::eb_slot_bytes<Q>(n, p);
+      auto gslot = [&](int c) { return ws + static_cast<std::size_t>(c) * slot; };
+      std::byte* sbuf = gslot(p);
+      std::byte* rbuf = gslot(p + 1);
+      auto* acc = reinterpret_cast<double*>(gslot(p + 2));
+      const int right = (me + 1) % p;
+      const int left = (me + p - 1) % p;
+      auto mod = [p](int v) { return ((v % p) + p) % p; };
+      vx_.reset_sent();
+
+      // 1. Reduce-scatter: step 0 sends this rank's own chunk, later steps the running
+      //    sum (in acc) that arrived at the previous step plus this rank's values.
+      for (int s = 0; s + 1 < p; ++s) {
+        const chunk out = chunk_of(n, p, mod(me - s));
+        const chunk in = chunk_of(n, p, mod(me - s - 1));
+        if (in.count != 0) vx_.post_recv(x, rbuf, slot, left, tag_reduce);
+        if (out.count != 0) {
+          const std::size_t len = s == 0 ? Q::template compress<T, double>(buf + out.begin, out.count, sbuf, e)
+                                         : Q::template compress<double, double>(acc, out.count, sbuf, e);
+          vx_.post_send(x, sbuf, len, right, tag_reduce);
+          t.raw += out.count * sizeof(T);
+        }
+        vx_.wait(x);
+        if (in.count != 0) {
+          for (std::size_t i = 0; i < in.count; ++i) acc[i] = static_cast<double>(buf[in.begin + i]);
+          Q::template decompress_add<double>(rbuf, in.count, acc);
+        }
+      }
+
+      // 2. The owner quantizes the finished sum once, checked as decoded to T.
+      const int own = mod(me + 1);
+      const chunk mine = chunk_of(n, p, own);
+      if (mine.count != 0) {
+        len_[static_cast<std::size_t>(own)] = Q::template compress<double, T>(acc, mine.count, gslot(own), e);
+        Q::template decompress<T>(gslot(own), mine.count, buf + mine.begin);
+      }
+
+      // 3. Allgather: forward the compressed chunks unchanged.
+      for (int s = 0; s + 1 < p; ++s) {
+        const int cout = mod(me + 1 - s);
+        const int cin = mod(me - s);
+        const chunk out = chunk_of(n, p, cout);
+        const chunk in = chunk_of(n, p, cin);
+        if (in.count != 0) vx_.post_recv(x, gslot(cin), slot, left, tag_gather);
+        if (out.count != 0) {
+          vx_.post_send(x, gslot(cout), len_[static_cast<std::size_t>(cout)], right, tag_gather);
+          t.raw += out.count * sizeof(T);
+        }
+        vx_.wait(x);
+        if (in.count != 0) {
+          len_[static_cast<std::size_t>(cin)] = vx_.received(left);
+          Q::template decompress<T>(gslot(cin), in.count, buf + in.begin);
+        }
+      }
+      t.sent = vx_.sent();
+      return t;
+    }
+
+   private:
+    static constexpr int tag_reduce = 0x6394;  // and 0x6395 for payloads
+    static constexpr int tag_gather = 0x6396;  // and 0x6397
+    varsize_exchange<X> vx_;
+    std::vector<std::size_t> len_;
+  };
+};
+
+}  // namespace cgx::comm

@@ -1,0 +1,147 @@
+#pragma once
+/// \file error_bounded_plan.hpp
+/// `cgx::error_bounded_plan<T, Q, R, X>`: an allreduce (sum, in place) with a guarantee
+/// on the final result: for a bound E given per call,
+///
+///     |result_i - sum_r x_r,i| <= E     for every element i, on every rank,
+///
+/// up to the rounding of the sum itself (stated in comm/error_bounded_schedules.hpp:
+/// the double rounding of p - 1 additions, ~1e-16 relative, and the rounding of the
+/// result to T where E / p is below half an ulp of T there). Every rank ends with the
+/// same bits.
+///
+/// The plan splits E over the quantizations of R's schedule: R's error-bounded schedule
+/// says how many quantization errors reach an element (`error_terms(p)`, p for both SRA
+/// and ring) and each quantization gets E / error_terms(p). The quantizer
+/// (quant::error_bounded) then picks each bucket's width so that each decoded value is
+/// within that share, checked in floating point as decoded.
+///
+/// Supported reducers: comm::scatter_reduce_allgather and comm::ring. comm::tree and
+/// comm::hierarchical are rejected at compile time. Transports: comm::mpi, comm::shm.
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include "comm/error_bounded_schedules.hpp"
+#include "concepts.hpp"
+#include "plan_common.hpp"
+
+namespace cgx {
+
+/// What one call of an error_bounded_plan sent, on this rank.
+struct error_bounded_stats {
+  std::size_t bytes_sent = 0;  ///< bytes this rank sent: compressed payloads plus 8-byte length headers
+  std::size_t raw_bytes = 0;   ///< bytes the same schedule would send uncompressed
+  double bound = 0;            ///< the bound asked for the result (E)
+  double step_bound = 0;       ///< the bound given to each quantization (E / error_terms(p))
+  bool native = false;         ///< true if the call went through the transport's exact native allreduce
+  /// raw_bytes / bytes_sent (1 when nothing was sent).
+  [[nodiscard]] double ratio() const noexcept {
+    return bytes_sent == 0 ? 1.0 : static_cast<double>(raw_bytes) / static_cast<double>(bytes_sent);
+  }
+};
+
+/// Error-bounded compressed allreduce (sum, in place) of up to `max_count` values of T
+/// (see the file comment).
+///
+/// \tparam T  float or double
+/// \tparam Q  a variable-size error-bounded quantizer: quant::error_bounded<Bucket>
+/// \tparam R  comm::scatter_reduce_allgather or comm::ring
+/// \tparam X  transport: comm::mpi or comm::shm
+///
+/// Construction and every call are collective: every rank of the transport must make
+/// them, in the same order.
+template <class T, class Q, class R, class X>
+class error_bounded_plan : public detail::plan_base<X> {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "cgx::error_bounded_plan: T must be float or double");
+  static_assert(requires { requires Q::variable_size; },
+                "cgx::error_bounded_plan: Q must be an error-bounded quantizer (cgx::quant::error_bounded<Bucket>); "
+                "fixed-size quantizers such as maxmin go through cgx::allreduce_plan");
+  static_assert(comm::error_bounded_schedule<R>::supported,
+                "cgx::error_bounded_plan: R must be cgx::comm::scatter_reduce_allgather or cgx::comm::ring; the "
+                "error-bounded mode does not support the other reducers (tree, hierarchical)");
+  static_assert(transport<X>, "cgx::error_bounded_plan: X must be a transport (cgx::comm::mpi or cgx::comm::shm)");
+
+  using traits = comm::error_bounded_schedule<R>;
+  using schedule_type = typename traits::template schedule<T, Q, X>;
+  using base = detail::plan_base<X>;
+
+ public:
+  using value_type = T;
+  using quantizer_type = Q;
+  using reducer_type = R;
+  using transport_type = X;
+
+  /// Quantization errors that reach an element of the result on p ranks.
+  static constexpr int error_terms(int p) { return traits::error_terms(p); }
+
+  /// The bound each quantization gets when the result must be within `bound` on p ranks.
+  static double step_bound(double bound, int p) { return p > 1 ? bound / error_terms(p) : bound; }
+
+  /// Bytes of workspace a plan for `max_count` values on `ranks` ranks needs.
+  static std::size_t workspace_bytes(std::size_t max_count, int ranks) {
+    return schedule_type::workspace_bytes(max_count, ranks);
+  }
+
+  /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes.
+  error_bounded_plan(X transport, std::size_t max_count, plan_options opts = {})
+      : base(std::move(transport), max_count, opts, "error_bounded_plan"), sched_(this->x_) {
+    this->own_workspace(workspace_bytes(max_count, this->x_.size()));
+  }
+
+  /// Collective. Uses the caller's workspace (at least workspace_bytes(max_count,
+  /// transport.size()) bytes, outliving the plan); throws cgx::error(errc::workspace) if smaller.
+  error_bounded_plan(X transport, std::size_t max_count, std::span<std::byte> workspace, plan_options opts = {})
+      : base(std::move(transport), max_count, opts, "error_bounded_plan"), sched_(this->x_) {
+    this->use_workspace(workspace, workspace_bytes(max_count, this->x_.size()));
+  }
+
+  /// Sums buf[0..n) over all ranks, in place, blocking, so that every element of the
+  /// result is within `bound` (absolute, > 0) of the exact sum. Collective: every rank
+  /// calls it with the same n and bound. Throws cgx::error(errc::invalid_argument),
+  /// leaving buf untouched, for a null buf with n > 0, n above max_count(), or a bound
+  /// that is not a finite positive number; with collective checking also (errc::mismatch)
+  /// for counts, bounds or plan types that differ between ranks, on every rank.
+  /// Messages under plan_options::native_below_bytes go through the transport's exact
+  /// native allreduce (which meets any bound).
+  void operator()(T* buf, std::size_t n, double bound) {
+    const bool bad_bound = !(bound > 0) || !std::isfinite(bound);
+    detail::signature_hash h = detail::plan_signature<T, Q>(R::name);
+    std::uint64_t bits = 0;
+    std::memcpy(&bits, &bound, sizeof(bits));
+    h.mix(bits);
+    h.mix(this->opts_.native_below_bytes);
+    detail::check_call(this->x_, this->opts_.check, "error_bounded_plan", buf == nullptr, n, this->max_count_,
+                       h.value(), bad_bound,
+                       [&] { return "the bound " + std::to_string(bound) + " is not a finite positive number"; });
+    const int p = this->x_.size();
+    stats_ = {};
+    stats_.bound = bound;
+    stats_.step_bound = step_bound(bound, p);
+    if constexpr (requires { this->x_.native_allreduce(buf, n); }) {
+      if (n * sizeof(T) < this->opts_.native_below_bytes) {
+        this->x_.native_allreduce(buf, n);
+        stats_.native = true;
+        return;
+      }
+    }
+    const comm::error_bounded_traffic t = sched_.run(buf, n, this->x_, this->ws_.data(), stats_.step_bound);
+    stats_.bytes_sent = t.sent;
+    stats_.raw_bytes = t.raw;
+  }
+
+  /// What the last call sent, on this rank.
+  [[nodiscard]] const error_bounded_stats& last_stats() const noexcept { return stats_; }
+
+ private:
+  schedule_type sched_;
+  error_bounded_stats stats_;
+};
+
+}  // namespace cgx

@@ -1,0 +1,206 @@
+#pragma once
+/// \file plan_common.hpp
+/// What every plan shares: its options, a base holding the transport and workspace, and
+/// the argument check every plan makes before it moves data (allreduce_plan,
+/// reduce_scatter_plan, allgather_plan, broadcast_plan, error_bounded_plan): local
+/// checks always, and with `checking::collective` one small exchange that makes every
+/// rank throw when any rank's arguments are bad or differ from the others'.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "error.hpp"
+#include "quant/rounding.hpp"
+
+namespace cgx {
+
+/// How much a plan checks before it moves data.
+enum class checking {
+  /// Only this rank's own arguments (null buffer, count above capacity). Free, but a
+  /// rank whose arguments differ from the others' is not detected and may hang.
+  local,
+  /// Also that every rank passed the same count and the same plan type: one small
+  /// allreduce-like exchange per call (one network latency). A violation throws
+  /// cgx::error on *every* rank before any data moves.
+  collective,
+  /// The default: `collective` in builds without NDEBUG (debug builds), `local` with
+  /// NDEBUG, the convention of assert(). The choice must not depend on anything the
+  /// ranks might disagree on (such as the count of a call), or a rank that skips the
+  /// check would deadlock the ones that make it.
+  automatic,
+};
+
+/// What `automatic` means in this translation unit.
+constexpr checking resolve(checking c) noexcept {
+#ifdef NDEBUG
+  return c == checking::automatic ? checking::local : c;
+#else
+  return c == checking::automatic ? checking::collective : c;
+#endif
+}
+
+/// Run-time options of a plan.
+struct plan_options {
+  checking check = checking::automatic;  ///< argument checking level
+  std::uint64_t seed = 0x63677821u;       ///< seed of stochastic rounding (any value; ranks may differ)
+  int threads = 1;                        ///< host threads for (de)compression, per rank
+  /// Messages of fewer bytes (uncompressed) go through the transport's own uncompressed
+  /// allreduce (MPI_Allreduce for comm::mpi) when it has one: below this size latency,
+  /// not bandwidth, decides, and compression cannot win. 0 disables the fallback. The
+  /// default comes from bench/allreduce_bench sweeps (see docs/threshold.md).
+  std::size_t native_below_bytes = std::size_t{64} << 10;
+};
+
+namespace detail {
+
+/// A running FNV-1a hash, for plan signatures.
+struct signature_hash {
+  std::uint64_t h = 1469598103934665603ull;
+  /// Mixes v in.
+  void mix(std::uint64_t v) noexcept { h = (h ^ v) * 1099511628211ull; }
+  /// Mixes the characters of s in.
+  void mix(const char* s) noexcept {
+    for (; *s != 0; ++s) mix(static_cast<unsigned char>(*s));
+  }
+  /// A non-negative int64 (so that -value fits).
+  [[nodiscard]] std::int64_t value() const noexcept { return static_cast<std::int64_t>(h >> 1); }
+};
+
+/// The signature of a plan of kind `kind` (a plan or reducer name) for values T and
+/// quantizer Q: differs between plans the ranks must not mix.
+template <class T, class Q>
+signature_hash plan_signature(const char* kind) noexcept {
+  signature_hash h;
+  h.mix(sizeof(T));
+  if constexpr (requires { Q::bits; }) h.mix(static_cast<std::uint64_t>(Q::bits));
+  h.mix(Q::bucket_size);
+  if constexpr (requires { typename Q::rounding; })
+    h.mix(std::is_same_v<typename Q::rounding, quant::stochastic> ? 1 : 0);
+  if constexpr (requires { Q::variable_size; }) h.mix(Q::variable_size ? 0x7661 : 0);
+  h.mix(kind);
+  return h;
+}
+
+/// Checks the arguments of one call of a plan named `who` on this rank: a null buffer
+/// with n > 0 (`bad_extra` adds a caller-defined local error, described by
+/// `extra_message`), n above `max_count`; with collective checking also that every
+/// rank passed the same n and the same `signature` (plan type and anything else the
+/// ranks must agree on). Throws cgx::error, before any data moves, on every rank that
+/// sees a violation (on every rank, with collective checking).
+template <class X, class ExtraMessage>
+void check_call(X& x, checking level, const char* who, bool null_buffer, std::size_t n, std::size_t max_count,
+                std::int64_t signature, bool bad_extra, ExtraMessage extra_message) {
+  enum : std::int64_t { null_bit = 1, too_many = 2, extra_bit = 4 };
+  std::int64_t bad = 0;
+  if (null_buffer && n > 0) bad |= null_bit;
+  if (n > max_count) bad |= too_many;
+  if (bad_extra) bad |= extra_bit;
+  // Messages are built only on the way to a throw: no allocation on the hot path.
+  auto where = [&] { return std::string(who) + " (rank " + std::to_string(x.rank()) + "): "; };
+  auto local_message = [&]() -> std::string {
+    if (bad & null_bit) return "null buffer with count " + std::to_string(n) + " > 0";
+    if (bad & too_many) return "count " + std::to_string(n) + " exceeds the plan's max_count " + std::to_string(max_count);
+    return extra_message();
+  };
+  if (resolve(level) == checking::local) {
+    if (bad != 0) throw error(errc::invalid_argument, where() + local_message());
+    return;
+  }
+  const auto sn = static_cast<std::int64_t>(n);
+  std::array<std::int64_t, 5> v{sn, -sn, signature, -signature, bad};
+  x.max_all(v);
+  if (bad != 0) throw error(errc::invalid_argument, where() + local_message());
+  if (v[4] != 0)
+    throw error(errc::invalid_argument, where() + "another rank passed invalid arguments (null buffer, count above "
+                                                  "max_count or a bad option); no data was moved");
+  if (v[0] != -v[1])
+    throw error(errc::mismatch, where() + "ranks passed different counts (between " + std::to_string(-v[1]) + " and " +
+                                    std::to_string(v[0]) + "; this rank " + std::to_string(n) + "); no data was moved");
+  if (v[2] != -v[3])
+    throw error(errc::mismatch, where() + "ranks called plans of different value type, quantizer, reducer or "
+                                          "options (threshold, root, bound); no data was moved");
+}
+
+/// Throws cgx::error(errc::workspace) unless the caller's workspace `ws` holds `need`
+/// bytes (for `max_count` values on `ranks` ranks, named in the message).
+inline void require_workspace(std::span<std::byte> ws, std::size_t need, const char* who, std::size_t max_count,
+                              int ranks) {
+  if (ws.size() < need || (need > 0 && ws.data() == nullptr))
+    throw error(errc::workspace, std::string(who) + ": workspace of " + std::to_string(ws.size()) +
+                                     " bytes is too small: " + std::to_string(max_count) + " values on " +
+                                     std::to_string(ranks) + " ranks need " + std::to_string(need));
+}
+
+/// What the plans other than allreduce_plan share: the transport, the capacity, the
+/// options, the workspace (owned or the caller's) and the call counter that keys
+/// stochastic rounding. Derived plans size the workspace in their constructors.
+template <class X>
+class plan_base {
+ public:
+  /// The transport (e.g. to read rank() and size()).
+  X& transport() noexcept { return x_; }
+  /// The transport.
+  const X& transport() const noexcept { return x_; }
+  /// Largest count a call may pass.
+  std::size_t max_count() const noexcept { return max_count_; }
+  /// Bytes of workspace in use.
+  std::size_t workspace_size() const noexcept { return ws_.size(); }
+  /// Number of calls so far (the stochastic-rounding call counter).
+  std::uint32_t calls() const noexcept { return calls_; }
+  /// The options the plan was made with.
+  const plan_options& options() const noexcept { return opts_; }
+
+  plan_base(const plan_base&) = delete;
+  plan_base& operator=(const plan_base&) = delete;
+
+ protected:
+  plan_base(X transport, std::size_t max_count, plan_options opts, const char* who)
+      : x_(std::move(transport)), max_count_(max_count), opts_(opts), who_(who) {
+    if (opts_.threads < 1) throw error(errc::invalid_argument, std::string(who_) + ": plan_options::threads must be >= 1");
+  }
+  ~plan_base() = default;
+
+  /// Allocates `bytes` of workspace.
+  void own_workspace(std::size_t bytes) {
+    owned_ = std::make_unique_for_overwrite<std::byte[]>(bytes == 0 ? 1 : bytes);
+    ws_ = std::span<std::byte>(owned_.get(), bytes);
+  }
+
+  /// Uses the caller's workspace; throws cgx::error(errc::workspace) if it is under `need` bytes.
+  void use_workspace(std::span<std::byte> ws, std::size_t need) {
+    require_workspace(ws, need, who_, max_count_, x_.size());
+    ws_ = ws;
+  }
+
+  /// The random state of the next call (advances the call counter).
+  quant::rng_state next_rng() noexcept {
+    quant::rng_state rng;
+    rng.seed = opts_.seed;
+    rng.counter = calls_++;
+    return rng;
+  }
+
+  X x_;
+  std::size_t max_count_;
+  plan_options opts_;
+  const char* who_;
+  std::unique_ptr<std::byte[]> owned_;
+  std::span<std::byte> ws_;
+  std::uint32_t calls_ = 0;
+};
+
+/// check_call without a caller-defined error.
+template <class X>
+void check_call(X& x, checking level, const char* who, bool null_buffer, std::size_t n, std::size_t max_count,
+                std::int64_t signature) {
+  check_call(x, level, who, null_buffer, n, max_count, signature, false, [] { return std::string(); });
+}
+
+}  // namespace detail
+}  // namespace cgx

@@ -1,0 +1,96 @@
+#pragma once
+/// \file reduce_scatter_plan.hpp
+/// `cgx::reduce_scatter_plan<T, Q, X>`: a compressed sum over all ranks of which each
+/// rank keeps only its own chunk, the first two phases of the SRA allreduce.
+///
+/// Chunks: the buffer of n values is cut as comm::scatter_reduce_allgather cuts it, at
+/// bucket boundaries (single values for quant::none), balanced to within one bucket:
+/// rank r gets `chunk_of(n, p, r)` (some chunks are empty when n has fewer buckets than
+/// there are ranks; counts need not be divisible by p). Every rank passes the whole
+/// buffer of n values.
+///
+/// Result: buf[chunk_of(n, p, rank)] holds, bit for bit, what
+/// allreduce_plan<T, Q, scatter_reduce_allgather, X> (running its schedule, i.e. with
+/// native_below_bytes = 0, and the same seed and call counter) leaves there: the owner's
+/// decoded, re-quantized sum, with the error bound stated in scatter_reduce_allgather.hpp.
+/// The values of buf outside the rank's chunk are left as they were. On one rank the
+/// buffer is left as it is (the exact sum).
+
+#include <cstddef>
+#include <span>
+#include <type_traits>
+
+#include "comm/chunking.hpp"
+#include "comm/scatter_reduce_allgather.hpp"
+#include "concepts.hpp"
+#include "plan_common.hpp"
+#include "quant/host_exec.hpp"
+
+namespace cgx {
+
+/// Compressed reduce-scatter (sum) of up to `max_count` values of T (see the file comment).
+///
+/// \tparam T  float or double
+/// \tparam Q  a fixed-size quantizer: quant::maxmin<...> or quant::none
+/// \tparam X  transport: comm::mpi or comm::shm
+///
+/// Construction and every call are collective: every rank of the transport must make
+/// them, in the same order.
+template <class T, class Q, class X>
+class reduce_scatter_plan : public detail::plan_base<X> {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "cgx::reduce_scatter_plan: T must be float or double");
+  static_assert(quantizer_for<Q, T>, "cgx::reduce_scatter_plan: Q must be a fixed-size quantizer "
+                                     "(cgx::quant::maxmin<Bits, Bucket, Rounding> or cgx::quant::none)");
+  static_assert(transport<X>, "cgx::reduce_scatter_plan: X must be a transport (cgx::comm::mpi or cgx::comm::shm)");
+
+  using schedule_type = typename comm::scatter_reduce_allgather::template schedule<T, Q, X>;
+  using base = detail::plan_base<X>;
+
+ public:
+  using value_type = T;
+  using quantizer_type = Q;
+  using transport_type = X;
+
+  /// Bytes of workspace a plan for `max_count` values on `ranks` ranks needs.
+  static std::size_t workspace_bytes(std::size_t max_count, int ranks) {
+    return schedule_type::workspace_bytes(max_count, ranks);
+  }
+
+  /// The values [begin, begin + count) that rank r of p receives for a buffer of n.
+  static comm::chunk chunk_of(std::size_t n, int p, int r) { return schedule_type::chunk_of(n, p, r); }
+
+  /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes.
+  reduce_scatter_plan(X transport, std::size_t max_count, plan_options opts = {})
+      : base(std::move(transport), max_count, opts, "reduce_scatter_plan"), sched_(this->x_) {
+    this->own_workspace(workspace_bytes(max_count, this->x_.size()));
+  }
+
+  /// Collective. Uses the caller's workspace of at least workspace_bytes(max_count,
+  /// transport.size()) bytes, which must outlive the plan; throws
+  /// cgx::error(errc::workspace) if it is smaller.
+  reduce_scatter_plan(X transport, std::size_t max_count, std::span<std::byte> workspace, plan_options opts = {})
+      : base(std::move(transport), max_count, opts, "reduce_scatter_plan"), sched_(this->x_) {
+    this->use_workspace(workspace, workspace_bytes(max_count, this->x_.size()));
+  }
+
+  /// Sums buf[0..n) over all ranks and leaves this rank's chunk of the sum in
+  /// buf[chunk_of(n, size(), rank())]. Collective: every rank calls it with the same n.
+  /// Throws cgx::error, leaving buf untouched, for a null buf with n > 0, n above
+  /// max_count(), or (collective checking) counts or plan types that differ between ranks.
+  void operator()(T* buf, std::size_t n) {
+    detail::check_call(this->x_, this->opts_.check, "reduce_scatter_plan", buf == nullptr, n, this->max_count_,
+                       signature());
+    sched_.scatter_reduce(buf, n, this->x_, this->ws_.data(), this->next_rng(), quant::host_exec{this->opts_.threads});
+  }
+
+  /// This rank's chunk for a buffer of n values.
+  comm::chunk my_chunk(std::size_t n) const { return chunk_of(n, this->x_.size(), this->x_.rank()); }
+
+ private:
+  static std::int64_t signature() { return detail::plan_signature<T, Q>("reduce_scatter").value(); }
+
+  schedule_type sched_;
+};
+
+}  // namespace cgx
