@@ -11,8 +11,9 @@
 /// same bits.
 ///
 /// Traffic per rank: (p - 1) / p of the compressed buffer sent in each of the two
-/// phases, i.e. 2 (p - 1)/p * compressed_bytes(n), received likewise; 2 (p - 1)
-/// messages each way.
+/// phases, i.e. 2 (p - 1)/p * compressed_bytes(n), received likewise; 2 (p - 1) K
+/// messages each way, where run() cuts each chunk into K pieces (1 below 2 MiB per
+/// chunk, up to 8) to pipeline the phases.
 ///
 /// Quantizations per element: 2 on the path of each contribution (its own rank's, then
 /// the sum's); the owner's contribution is quantized once. Error bound for element i of
@@ -53,16 +54,124 @@ struct scatter_reduce_allgather {
    public:
     static constexpr std::size_t granule = granule_of<Q>;
 
-    /// Bytes of workspace for up to n values on p ranks.
-    static std::size_t workspace_bytes(std::size_t n, int p) { return 2 * static_cast<std::size_t>(p) * slot_bytes(n, p); }
+    /// Bytes of workspace for up to n values on p ranks: p slots each for what this rank
+    /// sends, what it receives in the scatter-reduce, and what it receives in the allgather.
+    static std::size_t workspace_bytes(std::size_t n, int p) { return 3 * static_cast<std::size_t>(p) * slot_bytes(n, p); }
 
-    explicit schedule(X& x) { reqs_.reserve(4 * static_cast<std::size_t>(x.size())); }
+    explicit schedule(X& x) {
+      const auto p = static_cast<std::size_t>(x.size());
+      reqs_.reserve(2 * max_pieces * p);
+      sends_.reserve(2 * max_pieces * p);
+      first_.resize(2 * max_pieces * p);
+    }
 
     /// In place sum over all ranks of buf[0..n). Collective.
+    ///
+    /// Pipelined: each chunk is cut into K pieces (at bucket boundaries; K from n and p
+    /// only, 1 for chunks under 2 MiB, at most 8) that travel as separate messages, piece
+    /// by piece, so the owner reduces, re-quantizes and sends the sum of piece k while
+    /// piece k + 1 is still on the wire, and ranks decode the sums as they arrive. The
+    /// link stays busy instead of idling while whole chunks are (de)compressed between
+    /// the phases. Pieces start at bucket boundaries and carry the positions of their
+    /// values, so the bits are those of the unpipelined schedule (scatter_reduce() then
+    /// allgather()).
     void run(T* buf, std::size_t n, X& x, std::byte* ws, const quant::rng_state& rng, quant::host_exec ex) {
-      if (x.size() == 1 || n == 0) return;
-      scatter_reduce(buf, n, x, ws, rng, ex);
-      allgather(buf, n, x, ws, ex);
+      const int p = x.size();
+      const int me = x.rank();
+      if (p == 1 || n == 0) return;
+      const int K = pieces(n, p);
+      const std::size_t slot = slot_bytes(n, p);
+      auto sslot = [&](int r) { return ws + static_cast<std::size_t>(r) * slot; };
+      auto rslot = [&](int r) { return ws + static_cast<std::size_t>(p + r) * slot; };
+      auto gslot = [&](int r) { return ws + static_cast<std::size_t>(2 * p + r) * slot; };
+      // Piece k of rank r's chunk: its values and the offset of its bytes in a slot.
+      struct piece_t {
+        chunk values;
+        std::size_t offset, bytes;
+      };
+      auto piece = [&](int r, int k) {
+        const chunk c = chunk_of(n, p, r);
+        std::size_t off = 0;
+        for (int j = 0; j < k; ++j) off += Q::template compressed_bytes<T>(comm::chunk_of(c.count, K, j, granule).count);
+        const chunk v = comm::chunk_of(c.count, K, k, granule);
+        return piece_t{{c.begin + v.begin, v.count}, off, Q::template compressed_bytes<T>(v.count)};
+      };
+      auto at = [&](int phase, int k, int r) -> int& {
+        return first_[(static_cast<std::size_t>(phase) * max_pieces + static_cast<std::size_t>(k)) * static_cast<std::size_t>(p) +
+                      static_cast<std::size_t>(r)];
+      };
+
+      // Every receive is posted first: the parts of my chunk, then the others' sums.
+      reqs_.clear();
+      sends_.clear();
+      for (int k = 0; k < K; ++k) {
+        const piece_t m = piece(me, k);
+        for (int r = 0; r < p; ++r) {
+          at(0, k, r) = -1;
+          if (r == me || m.values.count == 0) continue;
+          at(0, k, r) = static_cast<int>(reqs_.size());
+          reqs_.push_back(x.irecv(rslot(r) + m.offset, m.bytes, r, tag_scatter));
+        }
+      }
+      for (int k = 0; k < K; ++k)
+        for (int r = 0; r < p; ++r) {
+          at(1, k, r) = -1;
+          const piece_t g = piece(r, k);
+          if (r == me || g.values.count == 0) continue;
+          at(1, k, r) = static_cast<int>(reqs_.size());
+          reqs_.push_back(x.irecv(gslot(r) + g.offset, g.bytes, r, tag_gather));
+        }
+      // My contributions to every other chunk, piece by piece.
+      for (int k = 0; k < K; ++k)
+        for (int step = 1; step < p; ++step) {
+          const int r = (me + step) % p;
+          const piece_t c = piece(r, k);
+          if (c.values.count == 0) continue;
+          quant::rng_state s = rng;
+          s.stream = static_cast<std::uint32_t>(me);
+          s.position = c.values.begin;
+          Q::template compress<T>(buf + c.values.begin, c.values.count, sslot(r) + c.offset, s, ex);
+          sends_.push_back(x.isend(sslot(r) + c.offset, c.bytes, r, tag_scatter));
+        }
+      auto wait = [&](int i) { x.wait_all(std::span(reqs_.data() + i, 1)); };
+      auto gather = [&](int k) {  // decode piece k of every other rank's sum
+        for (int step = 1; step < p; ++step) {
+          const int r = (me + p - step) % p;
+          if (at(1, k, r) < 0) continue;
+          const piece_t g = piece(r, k);
+          wait(at(1, k, r));
+          Q::template decompress<T>(gslot(r) + g.offset, g.values.count, buf + g.values.begin, ex);
+        }
+      };
+      for (int k = 0; k < K; ++k) {
+        const piece_t m = piece(me, k);
+        if (m.values.count != 0) {
+          // In rank order (a fixed summation order), each part as soon as it has arrived.
+          for (int r = 0; r < p; ++r) {
+            if (r == me) continue;
+            wait(at(0, k, r));
+            Q::template decompress_add<T>(rslot(r) + m.offset, m.values.count, buf + m.values.begin, ex);
+          }
+          // The sum is quantized once; the owner keeps the decoded bytes, like everyone else.
+          quant::rng_state s = rng;
+          s.stream = static_cast<std::uint32_t>(p + me);
+          s.position = m.values.begin;
+          Q::template compress<T>(buf + m.values.begin, m.values.count, sslot(me) + m.offset, s, ex);
+          if constexpr (!Q::lossless)
+            Q::template decompress<T>(sslot(me) + m.offset, m.values.count, buf + m.values.begin, ex);
+          for (int step = 1; step < p; ++step)
+            sends_.push_back(x.isend(sslot(me) + m.offset, m.bytes, (me + step) % p, tag_gather));
+        }
+        if (k > 0) gather(k - 1);
+      }
+      gather(K - 1);
+      x.wait_all(std::span(sends_));
+    }
+
+    /// Pieces per chunk of run()'s pipeline for n values on p ranks (the same on every rank).
+    static int pieces(std::size_t n, int p) {
+      const std::size_t bytes = largest_chunk(n, p, granule) * sizeof(T);
+      return static_cast<int>(std::clamp<std::size_t>(bytes / piece_bytes, 1, max_pieces));
     }
 
     /// Phases 1 and 2: afterwards buf[chunk_of(n, p, rank)] holds the decoded
@@ -148,11 +257,24 @@ struct scatter_reduce_allgather {
     static constexpr int tag_scatter = 0x6367;
     static constexpr int tag_gather = 0x6368;
 
+    static constexpr std::size_t max_pieces = 8;
+    static constexpr std::size_t piece_bytes = std::size_t{1} << 20;  // uncompressed input per piece, at least
+
+    /// Compressed bytes of the largest chunk, whole or in run()'s pieces.
     static std::size_t slot_bytes(std::size_t n, int p) {
-      return round_to_line(Q::template compressed_bytes<T>(largest_chunk(n, p, granule)));
+      const int K = pieces(n, p);
+      std::size_t most = 0;
+      for (int r = 0; r < p; ++r) {
+        const std::size_t count = chunk_of(n, p, r).count;
+        std::size_t sum = 0;
+        for (int k = 0; k < K; ++k) sum += Q::template compressed_bytes<T>(comm::chunk_of(count, K, k, granule).count);
+        most = std::max({most, sum, Q::template compressed_bytes<T>(count)});
+      }
+      return round_to_line(most);
     }
 
-    std::vector<typename X::request> reqs_;
+    std::vector<typename X::request> reqs_, sends_;
+    std::vector<int> first_;  // index in reqs_ of the receive of (phase, piece, rank), -1 if none
   };
 };
 
