@@ -58,6 +58,31 @@ struct plan_options {
   std::size_t native_below_bytes = std::size_t{64} << 10;
 };
 
+/// The argument check of a plan call, shared by the plans. `bad` is this rank's own
+/// verdict (non-zero: invalid), `sig` the plan's signature; `where()` prefixes and
+/// `local_message()` describes this rank's problem (both built only on the way to a
+/// throw: no allocation on the hot path). With collective checking, one max_all over X
+/// makes every rank throw together, before any data moves.
+namespace detail {
+template <class X, class Where, class Local>
+void check_call(X& x, checking level, std::size_t n, std::int64_t bad, std::int64_t sig, Where where,
+                Local local_message, const char* other_invalid, const char* other_plan) {
+  if (resolve(level) == checking::local) {
+    if (bad != 0) throw error(errc::invalid_argument, where() + local_message());
+    return;
+  }
+  const auto sn = static_cast<std::int64_t>(n);
+  std::array<std::int64_t, 5> v{sn, -sn, sig, -sig, bad};
+  x.max_all(v);
+  if (bad != 0) throw error(errc::invalid_argument, where() + local_message());
+  if (v[4] != 0) throw error(errc::invalid_argument, where() + other_invalid);
+  if (v[0] != -v[1])
+    throw error(errc::mismatch, where() + "ranks passed different counts (between " + std::to_string(-v[1]) + " and " +
+                                    std::to_string(v[0]) + "; this rank " + std::to_string(n) + "); no data was moved");
+  if (v[2] != -v[3]) throw error(errc::mismatch, where() + other_plan);
+}
+}  // namespace detail
+
 /// Compressed allreduce (sum, in place) of up to `max_count` values of T.
 ///
 /// \tparam T  float or double
@@ -218,24 +243,10 @@ class allreduce_plan {
       if (bad & null_buffer) return "null buffer with count " + std::to_string(n) + " > 0";
       return "count " + std::to_string(n) + " exceeds the plan's max_count " + std::to_string(max_count_);
     };
-    if (resolve(opts_.check) == checking::local) {
-      if (bad != 0) throw error(errc::invalid_argument, where() + local_message());
-      return;
-    }
-    const auto sn = static_cast<std::int64_t>(n);
-    const std::int64_t sig = sig_;
-    std::array<std::int64_t, 5> v{sn, -sn, sig, -sig, bad};
-    x_.max_all(v);
-    if (bad != 0) throw error(errc::invalid_argument, where() + local_message());
-    if (v[4] != 0) throw error(errc::invalid_argument, where() + "another rank passed invalid arguments (null buffer "
-                                                              "or count above max_count); no data was moved");
-    if (v[0] != -v[1])
-      throw error(errc::mismatch, where() + "ranks passed different counts (between " + std::to_string(-v[1]) +
-                                      " and " + std::to_string(v[0]) + "; this rank " + std::to_string(n) +
-                                      "); no data was moved");
-    if (v[2] != -v[3])
-      throw error(errc::mismatch, where() + "ranks called plans of different value type, quantizer, reducer or "
-                                          "native_below_bytes; no data was moved");
+    detail::check_call(x_, opts_.check, n, bad, sig_, where, local_message,
+                       "another rank passed invalid arguments (null buffer or count above max_count); no data was moved",
+                       "ranks called plans of different value type, quantizer, reducer or native_below_bytes; no data "
+                       "was moved");
   }
 
   X x_;
