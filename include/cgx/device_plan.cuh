@@ -19,8 +19,10 @@
 ///    sees the sum. Do not touch d_buf from other streams until then.
 ///  - Whether the host blocks depends on the transport: comm::mpi blocks until its
 ///    messages are complete (it synchronizes on the copies that feed MPI: on each staged
-///    chunk, or on the whole stream for a CUDA-aware MPI); comm::cuda_ipc blocks in two
-///    MPI_Barriers but never waits for the GPU; comm::nccl does not block.
+///    chunk, or on the whole stream for a CUDA-aware MPI); comm::cuda_ipc blocks in one
+///    MPI_Barrier per exchange (SRA: 2, ring: 2 (p - 1)) but never waits for the GPU;
+///    comm::nccl does not block. The native path below the threshold blocks for MPI
+///    (it synchronizes the stream) and not for NCCL.
 ///  - Collective: every rank calls it with the same n, in the same order as its other
 ///    plans' calls.
 /// It is a separate class from the host `allreduce_plan` because it needs the CUDA
@@ -38,10 +40,12 @@
 #include <cuda_runtime.h>
 
 #include "allreduce_plan.hpp"
+#include "comm/device_ring.cuh"
 #include "comm/device_sra.cuh"
 #include "comm/device_transport.cuh"
 #include "comm/mpi.hpp"
 #include "comm/mpi_device.cuh"
+#include "comm/ring.hpp"
 #include "comm/scatter_reduce_allgather.hpp"
 #include "error.hpp"
 #include "quant/maxmin.cuh"
@@ -63,6 +67,24 @@ struct device_transport_of<mpi> {
 }  // namespace comm
 
 namespace detail {
+/// The device schedule of reducer R: `type<T, Q, X>`, where one exists.
+template <class R>
+struct device_schedule {
+  static constexpr bool exists = false;
+};
+template <>
+struct device_schedule<comm::scatter_reduce_allgather> {
+  static constexpr bool exists = true;
+  template <class T, class Q, class X>
+  using type = comm::device_sra<T, Q, X>;
+};
+template <>
+struct device_schedule<comm::ring> {
+  static constexpr bool exists = true;
+  template <class T, class Q, class X>
+  using type = comm::device_ring<T, Q, X>;
+};
+
 /// True for quantizers with CUDA kernels.
 template <class Q>
 inline constexpr bool has_device_kernels = requires { typename quant::device<Q>::quantizer; };
@@ -73,7 +95,8 @@ inline constexpr bool has_device_kernels = requires { typename quant::device<Q>:
 /// \tparam T  float, double, __half or __nv_bfloat16 (half types travel with fp32 bucket
 ///            metadata and are summed in fp32, rounded once per addition)
 /// \tparam Q  quantizer with CUDA kernels: quant::maxmin<...> or quant::none
-/// \tparam R  reducer: comm::scatter_reduce_allgather (the only one with a device schedule)
+/// \tparam R  reducer: comm::scatter_reduce_allgather (comm/device_sra.cuh) or comm::ring
+///            (comm/device_ring.cuh); tree and hierarchical have no device schedule yet
 /// \tparam X  transport: comm::mpi (staged through pinned host memory, or direct with a
 ///            CUDA-aware MPI), comm::mpi_device, comm::cuda_ipc, comm::nccl
 ///
@@ -88,8 +111,9 @@ class device_allreduce_plan {
   static_assert(detail::has_device_kernels<Q>,
                 "cgx::device_allreduce_plan: Q must have CUDA kernels (cgx::quant::maxmin<Bits, Bucket, Rounding> "
                 "or cgx::quant::none)");
-  static_assert(std::is_same_v<R, comm::scatter_reduce_allgather>,
-                "cgx::device_allreduce_plan: only cgx::comm::scatter_reduce_allgather has a device schedule so far");
+  static_assert(detail::device_schedule<R>::exists,
+                "cgx::device_allreduce_plan: R must be a reducer with a device schedule: "
+                "cgx::comm::scatter_reduce_allgather or cgx::comm::ring (tree and hierarchical have none yet)");
 
  public:
   /// The transport the plan drives (comm::mpi_device for X = comm::mpi).
@@ -103,7 +127,7 @@ class device_allreduce_plan {
   using transport_type = X;
 
  private:
-  using schedule_type = comm::device_sra<T, Q, device_transport_type>;
+  using schedule_type = typename detail::device_schedule<R>::template type<T, Q, device_transport_type>;
 
  public:
   /// Bytes of device workspace a plan for `max_count` values on `ranks` ranks needs (the
@@ -155,7 +179,7 @@ class device_allreduce_plan {
   const plan_options& options() const noexcept { return opts_; }
 
  private:
-  /// A number that differs between plans of different T, Q, threshold or workspace.
+  /// A number that differs between plans of different T, Q, R or threshold.
   std::int64_t signature() const {
     std::uint64_t h = 1469598103934665603ull;
     auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
@@ -164,6 +188,7 @@ class device_allreduce_plan {
     mix(static_cast<std::uint64_t>(Q::bits));
     mix(Q::bucket_size);
     mix(std::is_same_v<typename Q::rounding, quant::stochastic> ? 1 : 0);
+    for (const char* c = R::name; *c != 0; ++c) mix(static_cast<unsigned char>(*c));
     mix(opts_.native_below_bytes);
     mix(0x646576u);  // "dev": never equal to a host plan's
     return static_cast<std::int64_t>(h >> 1);
@@ -193,8 +218,8 @@ class device_allreduce_plan {
     detail::check_call(x_, opts_.check, n, bad, sig_, where, local_message,
                        "another rank passed invalid arguments (null or host buffer, or count above max_count); no "
                        "data was moved",
-                       "ranks called plans of different value type, quantizer or native_below_bytes; no data was "
-                       "moved");
+                       "ranks called plans of different value type, quantizer, reducer or native_below_bytes; no "
+                       "data was moved");
   }
 
   device_transport_type x_;

@@ -6,8 +6,9 @@
 //
 // Checks, for every case and every one of several calls on one plan:
 //  - every rank ends with the same bits (compared with rank 0's result);
-//  - the SRA error bound of scatter_reduce_allgather.hpp, against the exact sum in
-//    double (every rank generates every rank's input, so it knows the exact sum);
+//  - the error bound of the schedule (SRA: 2 quantizations on an element's path, ring:
+//    p), against the exact sum in double (every rank generates every rank's input, so
+//    it knows the exact sum);
 //  - quant::none on integer-valued data is exact; so is the native path below the
 //    threshold (MPI_Allreduce / ncclAllReduce);
 //  - a host pointer or a count above max_count throws cgx::error on every rank.
@@ -76,7 +77,7 @@ std::vector<T> inputs(int r, std::size_t n, std::uint64_t salt, bool integers) {
   return x;
 }
 
-std::string ctx(const char* what, std::size_t n, int call) {
+std::string ctx(const std::string& what, std::size_t n, int call) {
   return std::string(transport_name) + " np" + std::to_string(size_) + " rank " + std::to_string(rank_) + ": " +
          what + " n=" + std::to_string(n) + " call " + std::to_string(call);
 }
@@ -129,14 +130,14 @@ std::size_t outside_bound(const std::vector<T>& got, const std::vector<std::vect
   return bad;
 }
 
-/// Runs `calls` reductions of counts `ns` on one plan and checks each.
-template <class T, class Q>
+/// Runs reductions of counts `ns` (one after the other) on one plan and checks each.
+template <class T, class Q, class Red = R>
 void check_plan(const char* name, std::size_t max_count, std::initializer_list<std::size_t> ns, bool integers,
                 std::size_t native_below_bytes = 0) {
   cgx::plan_options opts;
   opts.native_below_bytes = native_below_bytes;
   opts.check = cgx::checking::collective;
-  cgx::device_allreduce_plan<T, Q, R, X> plan{X{MPI_COMM_WORLD}, max_count, opts};
+  cgx::device_allreduce_plan<T, Q, Red, X> plan{X{MPI_COMM_WORLD}, max_count, opts};
   gpu_test::dev_buf<T> d(max_count);
   int call = 0;
   for (std::size_t n : ns) {
@@ -166,7 +167,7 @@ void check_plan(const char* name, std::size_t max_count, std::initializer_list<s
       }
       CHECK_MSG(wrong == 0, ctx(name, n, call) + ": " + std::to_string(wrong) + " values differ from the exact sum");
     } else if constexpr (!Q::lossless) {
-      const int K = cgx::comm::scatter_reduce_allgather::quantizations(size_);
+      const int K = Red::quantizations(size_);
       const std::size_t bad = outside_bound<T, Q>(got, x, K);
       CHECK_MSG(bad == 0, ctx(name, n, call) + ": " + std::to_string(bad) + " values outside the error bound");
     }
@@ -280,6 +281,13 @@ int main(int argc, char** argv) {
     // Below the threshold: the transport's native allreduce where it has one (exact on
     // integers); cuda_ipc has none and compresses, so use none there too.
     check_plan<float, cgx::quant::none>("float native", 4096, {4096, 100}, true, std::size_t{64} << 10);
+    // The ring schedule (p quantizations on the longest path).
+    using ring = cgx::comm::ring;
+    check_plan<float, cgx::quant::maxmin<4, 512, nearest>, ring>("ring float 4-bit nearest", 300000,
+                                                                   {300000, 3 * 512 + 7, 0, 300000}, false);
+    check_plan<__half, cgx::quant::maxmin<8, 256, stochastic>, ring>("ring half 8-bit stochastic", 60000,
+                                                                       {60000, 60000}, false);
+    check_plan<float, cgx::quant::none, ring>("ring float none", 100000, {100000, 999, 100000}, true);
     check_errors();
     check_readme_example();
   } catch (const std::exception& ex) {

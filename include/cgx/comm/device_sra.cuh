@@ -111,15 +111,7 @@ class device_sra {
   }
 
  private:
-  /// A slot that holds any chunk of any count up to n: ceil(units / p) whole granules.
-  /// Offsets depend only on (n, p), never on a call's count, so that the slots stay put
-  /// from call to call (cuda_ipc's ordering rule needs that) and agree between ranks
-  /// (the plan sizes every rank's workspace for the largest max_count of all ranks).
-  static std::size_t slot_bytes(std::size_t n, int p) {
-    const std::size_t units = (n + granule - 1) / granule;
-    const std::size_t per = (units + static_cast<std::size_t>(p) - 1) / static_cast<std::size_t>(p);
-    return round_to_line(D::template compressed_bytes<T>(per * granule));
-  }
+  static std::size_t slot_bytes(std::size_t n, int p) { return device_slot_bytes<D, T>(n, p, granule); }
 
   std::vector<device_message> sends_;
   std::vector<device_message> recvs_;

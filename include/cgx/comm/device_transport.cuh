@@ -45,6 +45,7 @@
 #include <cuda_runtime.h>
 
 #include "../error.hpp"
+#include "chunking.hpp"
 
 namespace cgx::comm {
 
@@ -80,6 +81,19 @@ inline int current_device(const char* who) {
   return dev;
 }
 }  // namespace detail
+
+/// Bytes of a workspace slot that holds the compressed form (D::compressed_bytes<T>) of
+/// any chunk of any count up to n cut for p ranks: ceil(units / p) whole granules. The
+/// device schedules place slots by it, so offsets depend only on (n, p), never on a
+/// call's count: the slots stay put from call to call (cuda_ipc's ordering rule needs
+/// that) and agree between ranks (a plan sizes every rank's workspace for the largest
+/// max_count of all ranks).
+template <class D, class T>
+std::size_t device_slot_bytes(std::size_t n, int p, std::size_t granule) {
+  const std::size_t units = (n + granule - 1) / granule;
+  const std::size_t per = (units + static_cast<std::size_t>(p) - 1) / static_cast<std::size_t>(p);
+  return round_to_line(D::template compressed_bytes<T>(per * granule));
+}
 
 /// X can carry a device reduction: see the file comment for the meaning of each call.
 template <class X>
