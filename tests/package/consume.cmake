@@ -1,6 +1,6 @@
 # Driver of the consumer tests (see CMakeLists.txt in this folder):
 #   cmake -DMODE=<mode> -DSETTINGS=<package_settings.cmake> -DWORK=<dir> -P consume.cmake
-# MODE: install | find_package | find_package_cuda | add_subdirectory | fetchcontent.
+# MODE: install | find_package | find_package_cuda | find_package_nccl | add_subdirectory | fetchcontent.
 # Everything happens under WORK/MODE, which is wiped first; `install` leaves the package
 # in WORK/prefix for the find_package modes (a CTest fixture orders them).
 cmake_minimum_required(VERSION 3.24)
@@ -131,21 +131,24 @@ elseif(MODE STREQUAL "find_package")
        COMMAND ${consumer} -DCGX_CONSUME=find_package -DCMAKE_PREFIX_PATH=${prefix} -DCGX_EXPECTED_PREFIX=${prefix})
   build_and_run()
 
-elseif(MODE STREQUAL "find_package_cuda")
-  # Configure only (no CUDA is compiled): the component is found, cgx::cuda resolves
-  # at generate time; an unknown component and a missing toolkit are errors.
+elseif(MODE STREQUAL "find_package_cuda" OR MODE STREQUAL "find_package_nccl")
+  # Configure only (no CUDA is compiled): the components (cuda; cuda nccl) are found and
+  # cgx::cuda / cgx::nccl resolve at generate time (cgx::nccl to this machine's NCCL,
+  # found again by cgxConfig.cmake); an unknown component and a missing toolkit are errors.
   set(cuda_hint "")
   if(CGX_CUDATOOLKIT_ROOT)
     set(cuda_hint -DCUDAToolkit_ROOT=${CGX_CUDATOOLKIT_ROOT})
   endif()
   set(fp -DCMAKE_PREFIX_PATH=${prefix} -DCGX_EXPECTED_PREFIX=${prefix} ${cuda_hint})
-  step("configure consumer (COMPONENTS cuda)" COMMAND ${consumer} -DCGX_CONSUME=find_package_cuda ${fp})
+  step("configure consumer (${MODE})" COMMAND ${consumer} -DCGX_CONSUME=${MODE} ${fp})
+  if(MODE STREQUAL "find_package_cuda")
+    file(REMOVE_RECURSE ${dir}/build)
+    step("configure consumer (COMPONENTS no_such_component) fails" EXPECT_FAIL MATCH "set[ \n]+cgx_FOUND[ \n]+to[ \n]+FALSE"
+         COMMAND ${consumer} -DCGX_CONSUME=find_package_bogus ${fp})
+  endif()
   file(REMOVE_RECURSE ${dir}/build)
-  step("configure consumer (COMPONENTS no_such_component) fails" EXPECT_FAIL MATCH "set[ \n]+cgx_FOUND[ \n]+to[ \n]+FALSE"
-       COMMAND ${consumer} -DCGX_CONSUME=find_package_bogus ${fp})
-  file(REMOVE_RECURSE ${dir}/build)
-  step("configure consumer (COMPONENTS cuda, no CUDA toolkit) fails" EXPECT_FAIL MATCH "set[ \n]+cgx_FOUND[ \n]+to[ \n]+FALSE"
-       COMMAND ${consumer} -DCGX_CONSUME=find_package_cuda ${fp} -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON)
+  step("configure consumer (${MODE}, no CUDA toolkit) fails" EXPECT_FAIL MATCH "set[ \n]+cgx_FOUND[ \n]+to[ \n]+FALSE"
+       COMMAND ${consumer} -DCGX_CONSUME=${MODE} ${fp} -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON)
 
 elseif(MODE STREQUAL "add_subdirectory")
   step("configure consumer (add_subdirectory)"

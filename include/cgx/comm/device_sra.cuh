@@ -1,0 +1,120 @@
+#pragma once
+/// \file device_sra.cuh
+/// `cgx::comm::device_sra<T, Q, X>`: the scatter-reduce-allgather schedule of
+/// scatter_reduce_allgather.hpp on device buffers, stream-ordered, over a
+/// `device_transport` X. Same chunks, same random streams, same summation order (rank
+/// order), same wire bytes as the host schedule, and therefore the same error bound
+/// (see scatter_reduce_allgather.hpp); every rank ends with the same bits, because the
+/// owner of a chunk decodes its own re-quantized sum like everyone else.
+///
+/// Workspace (device, owned by the transport): p send slots, then p receive slots, each
+/// of the compressed size of the largest chunk rounded to a cache line. Phase 1 writes
+/// send slots r != me (this rank's parts of the other chunks); the owned sum goes to send
+/// slot me, which phase 1 never sends: the rule cuda_ipc relies on (see there).
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "../quant/maxmin.cuh"
+#include "../quant/rounding.hpp"
+#include "chunking.hpp"
+#include "device_transport.cuh"
+
+namespace cgx::comm {
+
+/// Device SRA for values T, quantizer Q (with `quant::device<Q>` kernels), transport X.
+template <class T, class Q, class X>
+class device_sra {
+  using D = quant::device<Q>;
+
+ public:
+  /// Buckets are never split between ranks.
+  static constexpr std::size_t granule = granule_of<Q>;
+
+  /// Bytes of device workspace for up to n values on p ranks.
+  static std::size_t workspace_bytes(std::size_t n, int p) {
+    return p < 2 ? 0 : 2 * static_cast<std::size_t>(p) * slot_bytes(n, p);
+  }
+
+  /// The values owned by rank r.
+  static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule); }
+
+  /// In-place sum over all ranks of d_buf[0..n), enqueued on `stream` (the transport
+  /// may block the host in its exchanges). `max_n` (>= n) is the count the workspace was
+  /// sized for, the same on every rank. Collective.
+  void run(T* d_buf, std::size_t n, std::size_t max_n, X& x, std::byte* ws, const quant::rng_state& rng,
+           cudaStream_t stream) {
+    const int p = x.size();
+    const int me = x.rank();
+    if (p == 1 || n == 0) return;
+    const std::size_t slot = slot_bytes(max_n, p);
+    auto send_off = [&](int r) { return static_cast<std::size_t>(r) * slot; };
+    auto recv_off = [&](int r) { return static_cast<std::size_t>(p + r) * slot; };
+    const chunk mine = chunk_of(n, p, me);
+    const std::size_t mine_bytes = D::template compressed_bytes<T>(mine.count);
+
+    // Phase 1: scatter-reduce. Compress this rank's part of every other chunk.
+    x.prepare_send(stream);
+    sends_.clear();
+    recvs_.clear();
+    for (int step = 1; step < p; ++step) {
+      const int r = (me + step) % p;
+      const chunk c = chunk_of(n, p, r);
+      if (c.count == 0) continue;
+      quant::rng_state s = rng;
+      s.stream = static_cast<std::uint32_t>(me);
+      s.position = c.begin;
+      D::template compress<T>(d_buf + c.begin, c.count, ws + send_off(r), s, stream);
+      sends_.push_back({r, send_off(r), recv_off(me), D::template compressed_bytes<T>(c.count)});
+    }
+    if (mine.count != 0)
+      for (int r = 0; r < p; ++r)
+        if (r != me) recvs_.push_back({r, recv_off(r), send_off(me), mine_bytes});
+    // In rank order (a fixed summation order), each part as soon as it has arrived.
+    x.exchange(std::span<const device_message>(sends_), std::span<const device_message>(recvs_), stream,
+               [&](std::size_t, const std::byte* d) {
+                 D::template decompress_add<T>(d, mine.count, d_buf + mine.begin, stream);
+               });
+
+    // The sum is quantized once; the owner keeps the decoded bytes, like everyone else.
+    x.prepare_send(stream);
+    if (mine.count != 0) {
+      quant::rng_state s = rng;
+      s.stream = static_cast<std::uint32_t>(p + me);
+      s.position = mine.begin;
+      D::template compress<T>(d_buf + mine.begin, mine.count, ws + send_off(me), s, stream);
+      if constexpr (!Q::lossless) D::template decompress<T>(ws + send_off(me), mine.count, d_buf + mine.begin, stream);
+    }
+
+    // Phase 2: allgather of the compressed sums.
+    sends_.clear();
+    recvs_.clear();
+    if (mine.count != 0)
+      for (int step = 1; step < p; ++step) {
+        const int r = (me + step) % p;
+        sends_.push_back({r, send_off(me), recv_off(me), mine_bytes});
+      }
+    for (int r = 0; r < p; ++r) {
+      if (r == me) continue;
+      const chunk c = chunk_of(n, p, r);
+      if (c.count != 0) recvs_.push_back({r, recv_off(r), send_off(r), D::template compressed_bytes<T>(c.count)});
+    }
+    x.exchange(std::span<const device_message>(sends_), std::span<const device_message>(recvs_), stream,
+               [&](std::size_t i, const std::byte* d) {
+                 const chunk c = chunk_of(n, p, recvs_[i].peer);
+                 D::template decompress<T>(d, c.count, d_buf + c.begin, stream);
+               });
+  }
+
+ private:
+  static std::size_t slot_bytes(std::size_t n, int p) { return device_slot_bytes<D, T>(n, p, granule); }
+
+  std::vector<device_message> sends_;
+  std::vector<device_message> recvs_;
+};
+
+}  // namespace cgx::comm

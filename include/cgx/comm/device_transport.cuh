@@ -1,0 +1,201 @@
+#pragma once
+/// \file device_transport.cuh
+/// What a transport must do to carry a *device-buffer* reduction
+/// (`cgx::device_allreduce_plan`), and the small CUDA helpers the device transports
+/// share (owning device and pinned buffers, error checks).
+///
+/// The host `transport` concept (concepts.hpp) moves bytes with isend/irecv on host
+/// pointers. Device transports differ in what they can do without the host (NCCL
+/// enqueues everything on a stream; CUDA IPC lets a rank read a peer's memory; MPI
+/// without CUDA support needs host staging), so the device reducers talk to them one
+/// *exchange* at a time: a set of messages, every rank calling at once. A device
+/// transport X provides:
+///
+///  - `rank()`, `size()`
+///  - `std::byte* reserve(std::size_t bytes)`: collective; a device workspace of at
+///    least `bytes` bytes that the transport owns (CUDA IPC must export it to peers;
+///    MPI mirrors it in pinned host memory). Valid until the next reserve() or the
+///    transport's destruction. Offsets in `device_message` are relative to it.
+///  - `prepare_send(stream)`: called before the reducer writes into the send part of
+///    the workspace; orders those writes after the peers' reads of the previous
+///    exchange (a no-op for transports whose exchange completes its reads itself).
+///  - `exchange(sends, recvs, stream, arrived)`: collective, every rank calls it the same
+///    number of times in the same order, with messages that match pairwise (a send of b
+///    bytes to r at offset o is the receive of b bytes from this rank at remote_offset o
+///    on r). The send data must be ready in `stream` order when exchange is called. For
+///    receive i (in the order of `recvs`) it calls `arrived(i, d_data)` once the bytes
+///    are readable at device address d_data *in stream order*: arrived enqueues its
+///    consumer (e.g. decompress_add) on `stream`. d_data is either this rank's workspace
+///    at recvs[i].offset or, for CUDA IPC, the sender's workspace itself; it stays
+///    readable until the next exchange on this transport.
+///  - `max_all(span<int64_t>)`: collective maximum on the host (argument checks).
+///  - optionally `native_allreduce(T* d_buf, n, stream)`: the transport's own
+///    uncompressed sum (MPI_Allreduce, ncclAllReduce), for small messages.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "../error.hpp"
+#include "chunking.hpp"
+
+namespace cgx::comm {
+
+/// One message of an exchange, seen from this rank.
+struct device_message {
+  int peer = 0;                   ///< the other rank
+  std::size_t offset = 0;         ///< where the bytes are (send) or go (receive) in this rank's workspace
+  std::size_t remote_offset = 0;  ///< where they are on the peer: the sender's offset for a receive
+  std::size_t bytes = 0;          ///< length (never 0: reducers leave out empty messages)
+};
+
+namespace detail {
+/// A callback type used to check the `device_transport` concept.
+struct arrived_archetype {
+  void operator()(std::size_t, const std::byte*) const {}
+};
+
+/// Throws cgx::error(errc::cuda) with `what` and CUDA's name and text for `e`.
+inline void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // clear a non-sticky error, so that later calls start clean
+    throw cgx::error(errc::cuda, std::string(what) + " failed: " + cudaGetErrorName(e) + " (" +
+                                     cudaGetErrorString(e) + ")");
+  }
+}
+
+/// The CUDA device current on this thread (throws when there is none).
+inline int current_device(const char* who) {
+  int dev = -1;
+  const cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess)
+    cuda_check(e, (std::string(who) + ": cudaGetDevice (is there a CUDA device?)").c_str());
+  return dev;
+}
+}  // namespace detail
+
+/// Bytes of a workspace slot that holds the compressed form (D::compressed_bytes<T>) of
+/// any chunk of any count up to n cut for p ranks: ceil(units / p) whole granules. The
+/// device schedules place slots by it, so offsets depend only on (n, p), never on a
+/// call's count: the slots stay put from call to call (cuda_ipc's ordering rule needs
+/// that) and agree between ranks (a plan sizes every rank's workspace for the largest
+/// max_count of all ranks).
+template <class D, class T>
+std::size_t device_slot_bytes(std::size_t n, int p, std::size_t granule) {
+  const std::size_t units = (n + granule - 1) / granule;
+  const std::size_t per = (units + static_cast<std::size_t>(p) - 1) / static_cast<std::size_t>(p);
+  return round_to_line(D::template compressed_bytes<T>(per * granule));
+}
+
+/// X can carry a device reduction: see the file comment for the meaning of each call.
+template <class X>
+concept device_transport =
+    requires(X& x, const X& cx, std::size_t bytes, cudaStream_t s, std::span<const device_message> msgs,
+             std::span<std::int64_t> vals, detail::arrived_archetype f) {
+      { cx.rank() } -> std::convertible_to<int>;
+      { cx.size() } -> std::convertible_to<int>;
+      { x.reserve(bytes) } -> std::same_as<std::byte*>;
+      x.prepare_send(s);
+      x.exchange(msgs, msgs, s, f);
+      x.max_all(vals);
+    };
+
+namespace detail {
+/// Allocation policies of `owned_memory`.
+struct device_allocation {
+  static cudaError_t allocate(void** p, std::size_t bytes) { return cudaMalloc(p, bytes); }
+  static void release(void* p) noexcept { (void)cudaFree(p); }
+  static constexpr const char* what = "cudaMalloc of device workspace";
+};
+struct pinned_allocation {
+  static cudaError_t allocate(void** p, std::size_t bytes) { return cudaHostAlloc(p, bytes, cudaHostAllocDefault); }
+  static void release(void* p) noexcept { (void)cudaFreeHost(p); }
+  static constexpr const char* what = "cudaHostAlloc of pinned staging memory";
+};
+
+/// An owning allocation made by policy A. Move-only; freed on destruction.
+template <class A>
+class owned_memory {
+ public:
+  owned_memory() = default;
+  /// Allocates `bytes` bytes (at least 1). \throws cgx::error(errc::cuda) on failure.
+  explicit owned_memory(std::size_t bytes) {
+    cuda_check(A::allocate(&p_, bytes == 0 ? 1 : bytes),
+               ("cgx: " + std::string(A::what) + " (" + std::to_string(bytes) + " bytes)").c_str());
+    size_ = bytes;
+  }
+  owned_memory(owned_memory&& o) noexcept : p_(std::exchange(o.p_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  owned_memory& operator=(owned_memory&& o) noexcept {
+    if (this != &o) {
+      reset();
+      p_ = std::exchange(o.p_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  owned_memory(const owned_memory&) = delete;
+  owned_memory& operator=(const owned_memory&) = delete;
+  ~owned_memory() { reset(); }
+  /// The allocation (nullptr when empty).
+  [[nodiscard]] std::byte* get() const noexcept { return static_cast<std::byte*>(p_); }
+  /// Its size in bytes.
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// Frees it (errors are ignored: this runs in destructors).
+  void reset() noexcept {
+    if (p_ != nullptr) A::release(p_);
+    p_ = nullptr;
+    size_ = 0;
+  }
+
+ private:
+  void* p_ = nullptr;
+  std::size_t size_ = 0;
+};
+}  // namespace detail
+
+/// Owning device allocation (cudaMalloc on the current device).
+using device_memory = detail::owned_memory<detail::device_allocation>;
+/// Owning pinned (page-locked) host allocation (cudaHostAlloc), for staging copies that
+/// overlap with transfers.
+using pinned_memory = detail::owned_memory<detail::pinned_allocation>;
+
+/// An owning CUDA event. Move-only; destroyed with the object.
+class cuda_event {
+ public:
+  cuda_event() = default;
+  /// Creates an event with `flags` (e.g. cudaEventDisableTiming).
+  explicit cuda_event(unsigned flags) {
+    detail::cuda_check(cudaEventCreateWithFlags(&e_, flags), "cgx: cudaEventCreateWithFlags");
+  }
+  cuda_event(cuda_event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  cuda_event& operator=(cuda_event&& o) noexcept {
+    if (this != &o) {
+      reset();
+      e_ = std::exchange(o.e_, nullptr);
+    }
+    return *this;
+  }
+  cuda_event(const cuda_event&) = delete;
+  cuda_event& operator=(const cuda_event&) = delete;
+  ~cuda_event() { reset(); }
+  /// The event handle.
+  [[nodiscard]] cudaEvent_t get() const noexcept { return e_; }
+  /// Destroys the event (errors are ignored: this runs in destructors).
+  void reset() noexcept {
+    if (e_ != nullptr) (void)cudaEventDestroy(e_);
+    e_ = nullptr;
+  }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+}  // namespace cgx::comm

@@ -1,0 +1,224 @@
+#pragma once
+/// \file device_plan.cuh
+/// `cgx::device_allreduce_plan<T, Q, R, X>`: the compressed allreduce of device buffers.
+///
+/// ```cpp
+/// #include <cgx/cgx.cuh>
+/// using Q = cgx::quant::maxmin<4, 1024, cgx::quant::stochastic>;
+/// using R = cgx::comm::scatter_reduce_allgather;
+/// using X = cgx::comm::mpi;                       // or cgx::comm::cuda_ipc, cgx::comm::nccl
+/// cudaSetDevice(local_rank % device_count);        // before the transport is made
+/// cgx::device_allreduce_plan<float, Q, R, X> plan{X{MPI_COMM_WORLD}, n};
+/// plan(d_grad, n, stream);                         // device buffer, stream-ordered
+/// ```
+///
+/// Semantics of a call `plan(d_buf, n, stream)`:
+///  - d_buf is read in `stream` order: work enqueued on `stream` before the call (that
+///    produced d_buf) is complete before cgx reads it; nothing else is waited for.
+///  - The result is ready in `stream` order: work enqueued on `stream` after the call
+///    sees the sum. Do not touch d_buf from other streams until then.
+///  - Whether the host blocks depends on the transport: comm::mpi blocks until its
+///    messages are complete (it synchronizes on the copies that feed MPI: on each staged
+///    chunk, or on the whole stream for a CUDA-aware MPI); comm::cuda_ipc blocks in one
+///    MPI_Barrier per exchange (SRA: 2, ring: 2 (p - 1)) but never waits for the GPU;
+///    comm::nccl does not block. The native path below the threshold blocks for MPI
+///    (it synchronizes the stream) and not for NCCL.
+///  - Collective: every rank calls it with the same n, in the same order as its other
+///    plans' calls.
+/// It is a separate class from the host `allreduce_plan` because it needs the CUDA
+/// runtime, which the host headers (.hpp) must not.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "allreduce_plan.hpp"
+#include "comm/device_ring.cuh"
+#include "comm/device_sra.cuh"
+#include "comm/device_transport.cuh"
+#include "comm/mpi.hpp"
+#include "comm/mpi_device.cuh"
+#include "comm/ring.hpp"
+#include "comm/scatter_reduce_allgather.hpp"
+#include "error.hpp"
+#include "quant/maxmin.cuh"
+#include "quant/rounding.hpp"
+
+namespace cgx {
+
+namespace comm {
+/// The device transport that a plan over X uses: X itself when it is one (cuda_ipc,
+/// nccl, mpi_device), comm::mpi_device for comm::mpi.
+template <class X>
+struct device_transport_of {
+  using type = X;
+};
+template <>
+struct device_transport_of<mpi> {
+  using type = mpi_device;
+};
+}  // namespace comm
+
+namespace detail {
+/// The device schedule of reducer R: `type<T, Q, X>`, where one exists.
+template <class R>
+struct device_schedule {
+  static constexpr bool exists = false;
+};
+template <>
+struct device_schedule<comm::scatter_reduce_allgather> {
+  static constexpr bool exists = true;
+  template <class T, class Q, class X>
+  using type = comm::device_sra<T, Q, X>;
+};
+template <>
+struct device_schedule<comm::ring> {
+  static constexpr bool exists = true;
+  template <class T, class Q, class X>
+  using type = comm::device_ring<T, Q, X>;
+};
+
+/// True for quantizers with CUDA kernels.
+template <class Q>
+inline constexpr bool has_device_kernels = requires { typename quant::device<Q>::quantizer; };
+}  // namespace detail
+
+/// Compressed allreduce (sum, in place) of up to `max_count` values of T in device memory.
+///
+/// \tparam T  float, double, __half or __nv_bfloat16 (half types travel with fp32 bucket
+///            metadata and are summed in fp32, rounded once per addition)
+/// \tparam Q  quantizer with CUDA kernels: quant::maxmin<...> or quant::none
+/// \tparam R  reducer: comm::scatter_reduce_allgather (comm/device_sra.cuh) or comm::ring
+///            (comm/device_ring.cuh); tree and hierarchical have no device schedule yet
+/// \tparam X  transport: comm::mpi (staged through pinned host memory, or direct with a
+///            CUDA-aware MPI), comm::mpi_device, comm::cuda_ipc, comm::nccl
+///
+/// Below `plan_options::native_below_bytes` a call uses the transport's own uncompressed
+/// allreduce when it has one for T (MPI_Allreduce for float/double, ncclAllReduce);
+/// cuda_ipc has none and always runs the schedule. `plan_options::threads` is ignored.
+template <class T, class Q, class R, class X>
+class device_allreduce_plan {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, __half> ||
+                    std::is_same_v<T, __nv_bfloat16>,
+                "cgx::device_allreduce_plan: T must be float, double, __half or __nv_bfloat16");
+  static_assert(detail::has_device_kernels<Q>,
+                "cgx::device_allreduce_plan: Q must have CUDA kernels (cgx::quant::maxmin<Bits, Bucket, Rounding> "
+                "or cgx::quant::none)");
+  static_assert(detail::device_schedule<R>::exists,
+                "cgx::device_allreduce_plan: R must be a reducer with a device schedule: "
+                "cgx::comm::scatter_reduce_allgather or cgx::comm::ring (tree and hierarchical have none yet)");
+
+ public:
+  /// The transport the plan drives (comm::mpi_device for X = comm::mpi).
+  using device_transport_type = typename comm::device_transport_of<X>::type;
+  static_assert(comm::device_transport<device_transport_type>,
+                "cgx::device_allreduce_plan: X must be a device transport (cgx::comm::mpi, cgx::comm::cuda_ipc or "
+                "cgx::comm::nccl): it needs rank(), size(), reserve(), prepare_send(), exchange() and max_all()");
+  using value_type = T;
+  using quantizer_type = Q;
+  using reducer_type = R;
+  using transport_type = X;
+
+ private:
+  using schedule_type = typename detail::device_schedule<R>::template type<T, Q, device_transport_type>;
+
+ public:
+  /// Bytes of device workspace a plan for `max_count` values on `ranks` ranks needs (the
+  /// transport allocates it).
+  static std::size_t workspace_bytes(std::size_t max_count, int ranks) {
+    return schedule_type::workspace_bytes(max_count, ranks);
+  }
+
+  /// Collective. Takes the transport (converting comm::mpi into comm::mpi_device) and
+  /// has it allocate the device workspace, sized for the largest `max_count` passed by
+  /// any rank, on the CUDA device current now.
+  device_allreduce_plan(X transport, std::size_t max_count, plan_options opts = {})
+      : x_(std::move(transport)), max_count_(max_count), opts_(opts) {
+    std::array<std::int64_t, 1> most{static_cast<std::int64_t>(max_count)};
+    x_.max_all(most);
+    sized_count_ = static_cast<std::size_t>(most[0]);
+    ws_ = x_.reserve(workspace_bytes(sized_count_, x_.size()));
+  }
+
+  device_allreduce_plan(const device_allreduce_plan&) = delete;
+  device_allreduce_plan& operator=(const device_allreduce_plan&) = delete;
+
+  /// Sums d_buf[0..n) over all ranks, in place, in `stream` order (see the file comment
+  /// for what blocks). Collective: every rank calls it with the same n. Throws
+  /// cgx::error before moving data for a null d_buf with n > 0, a pointer that is not
+  /// device memory, n > max_count(), or (collective checking) counts or plan types that
+  /// differ between ranks; errc::cuda / errc::transport when CUDA, MPI or NCCL fail.
+  void operator()(T* d_buf, std::size_t n, cudaStream_t stream = nullptr) {
+    check(d_buf, n);
+    if constexpr (requires { x_.native_allreduce(d_buf, n, stream); }) {
+      if (n * sizeof(T) < opts_.native_below_bytes) {
+        x_.native_allreduce(d_buf, n, stream);
+        return;
+      }
+    }
+    quant::rng_state rng;
+    rng.seed = opts_.seed;
+    rng.counter = calls_++;
+    sched_.run(d_buf, n, sized_count_, x_, ws_, rng, stream);
+  }
+
+  /// The device transport.
+  device_transport_type& transport() noexcept { return x_; }
+  /// Largest count a call may pass.
+  std::size_t max_count() const noexcept { return max_count_; }
+  /// Number of compressed calls so far (the stochastic-rounding call counter).
+  std::uint32_t calls() const noexcept { return calls_; }
+  /// The options the plan was made with.
+  const plan_options& options() const noexcept { return opts_; }
+
+ private:
+  /// A number that differs between plans of different T, Q, R or threshold.
+  std::int64_t signature() const {
+    std::uint64_t h = 1469598103934665603ull;
+    auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    mix(sizeof(T));
+    mix(std::is_same_v<T, __nv_bfloat16> ? 1 : 0);
+    mix(static_cast<std::uint64_t>(Q::bits));
+    mix(Q::bucket_size);
+    mix(std::is_same_v<typename Q::rounding, quant::stochastic> ? 1 : 0);
+    for (const char* c = R::name; *c != 0; ++c) mix(static_cast<unsigned char>(*c));
+    mix(opts_.native_below_bytes);
+    mix(0x646576u);  // "dev": never equal to a host plan's
+    return static_cast<std::int64_t>(h >> 1);
+  }
+
+  void check(const T* d_buf, std::size_t n) {
+    bool not_device = false;
+    if (d_buf != nullptr && n > 0) {
+      cudaPointerAttributes a{};
+      const cudaError_t e = cudaPointerGetAttributes(&a, d_buf);
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        not_device = true;
+      } else if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
+        not_device = true;
+      }
+    }
+    detail::check_call(x_, opts_.check, "device_allreduce_plan", d_buf == nullptr, n, max_count_, sig_, not_device, [] {
+      return std::string("the buffer is not device (or managed) memory; use allreduce_plan for host buffers");
+    });
+  }
+
+  device_transport_type x_;
+  std::size_t max_count_;
+  plan_options opts_;
+  std::size_t sized_count_ = 0;
+  std::int64_t sig_ = signature();
+  schedule_type sched_;
+  std::byte* ws_ = nullptr;
+  std::uint32_t calls_ = 0;
+};
+
+}  // namespace cgx

@@ -1,0 +1,305 @@
+// cgx::device_allreduce_plan on device buffers, over one transport chosen at compile
+// time (CGX_TEST_TRANSPORT: 1 = comm::mpi, 2 = comm::cuda_ipc, 3 = comm::nccl). Run under
+// mpiexec with 1..4 ranks; ranks share the node's GPUs (cudaSetDevice(rank % devices)),
+// so on a single-GPU machine every rank uses GPU 0, which comm::mpi and comm::cuda_ipc
+// allow and NCCL refuses (the nccl test skips when there are fewer GPUs than ranks).
+//
+// Checks, for every case and every one of several calls on one plan:
+//  - every rank ends with the same bits (compared with rank 0's result);
+//  - the error bound of the schedule (SRA: 2 quantizations on an element's path, ring:
+//    p), against the exact sum in double (every rank generates every rank's input, so
+//    it knows the exact sum);
+//  - quant::none on integer-valued data is exact; so is the native path below the
+//    threshold (MPI_Allreduce / ncclAllReduce);
+//  - a host pointer or a count above max_count throws cgx::error on every rank.
+// Exit 77 (CTest: skipped) without a CUDA device, before MPI starts.
+#include <mpi.h>
+
+#include "gpu_test.hpp"
+
+#include <cgx/cgx.cuh>
+#if CGX_TEST_TRANSPORT == 3
+#include <cgx/comm/nccl.cuh>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace {
+
+#if CGX_TEST_TRANSPORT == 1
+using X = cgx::comm::mpi;
+constexpr const char* transport_name = "mpi";
+#elif CGX_TEST_TRANSPORT == 2
+using X = cgx::comm::cuda_ipc;
+constexpr const char* transport_name = "cuda_ipc";
+#elif CGX_TEST_TRANSPORT == 3
+using X = cgx::comm::nccl;
+constexpr const char* transport_name = "nccl";
+#else
+#error "CGX_TEST_TRANSPORT must be 1 (mpi), 2 (cuda_ipc) or 3 (nccl)"
+#endif
+
+using R = cgx::comm::scatter_reduce_allgather;
+using cgx::quant::nearest;
+using cgx::quant::stochastic;
+
+int rank_ = 0;
+int size_ = 1;
+cudaStream_t stream_ = nullptr;
+
+/// A counter-based hash: input i of rank r for a given salt, identical on every rank.
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+/// Rank r's input value i: integers in [-8, 8] when `integers`, else values of varied
+/// scale and offset per 256-value block (so buckets differ).
+double input(int r, std::size_t i, std::uint64_t salt, bool integers) {
+  const std::uint64_t h = mix(salt * 0x100000001B3ull + static_cast<std::uint64_t>(r) * 0x1000193ull + i);
+  if (integers) return static_cast<double>(static_cast<int>(h % 17) - 8);
+  const std::uint64_t b = mix(salt + static_cast<std::uint64_t>(r) * 7919 + i / 256);
+  const double scale = std::ldexp(1.0, static_cast<int>(b % 9) - 4);
+  const double offset = static_cast<double>(static_cast<int>((b >> 8) % 5) - 2) * scale;
+  const double u = static_cast<double>(h >> 11) * 0x1.0p-53 * 2.0 - 1.0;
+  return offset + scale * u;
+}
+
+template <class T>
+std::vector<T> inputs(int r, std::size_t n, std::uint64_t salt, bool integers) {
+  std::vector<T> x(n);
+  for (std::size_t i = 0; i < n; ++i)
+    x[i] = gpu_test::from_m<T>(static_cast<cgx::quant::meta_t<T>>(input(r, i, salt, integers)));
+  return x;
+}
+
+std::string ctx(const std::string& what, std::size_t n, int call) {
+  return std::string(transport_name) + " np" + std::to_string(size_) + " rank " + std::to_string(rank_) + ": " +
+         what + " n=" + std::to_string(n) + " call " + std::to_string(call);
+}
+
+/// Every rank holds rank 0's bytes.
+template <class T>
+bool same_as_rank0(const std::vector<T>& got) {
+  std::vector<T> zero(got);
+  if (!zero.empty())
+    MPI_Bcast(zero.data(), static_cast<int>(zero.size() * sizeof(T)), MPI_BYTE, 0, MPI_COMM_WORLD);
+  return zero.empty() || std::memcmp(zero.data(), got.data(), got.size() * sizeof(T)) == 0;
+}
+
+/// Elements of `got` outside the bound of K quantizations (the generic bound of
+/// tests/reducer_checks.hpp: each quantization of a partial sum adds at most c * its unit,
+/// unit <= (sum of the ranks' bucket ranges + 2 err) / (2^bits - 1)), plus rounding.
+template <class T, class Q>
+std::size_t outside_bound(const std::vector<T>& got, const std::vector<std::vector<T>>& x, int K) {
+  using M = cgx::quant::meta_t<T>;
+  const std::size_t n = got.size();
+  constexpr std::size_t B = Q::bucket_size;
+  const double L = (1 << Q::bits) - 1;
+  const double c = std::is_same_v<typename Q::rounding, nearest> ? 0.5 : 1.0;
+  // Rounding of the stored type T (half types round every partial sum and the result).
+  const double eps = std::is_same_v<T, __half> ? 0x1.0p-10 : std::is_same_v<T, __nv_bfloat16> ? 0x1.0p-7
+                                                                                               : std::numeric_limits<M>::epsilon();
+  std::size_t bad = 0;
+  for (std::size_t b0 = 0; b0 < n; b0 += B) {
+    const std::size_t b1 = std::min(n, b0 + B);
+    double ranges = 0, mag = 0;
+    for (const auto& xr : x) {
+      double lo = INFINITY, hi = -INFINITY;
+      for (std::size_t i = b0; i < b1; ++i) {
+        const double v = static_cast<double>(gpu_test::to_m<T>(xr[i]));
+        lo = std::min(lo, v);
+        hi = std::max(hi, v);
+      }
+      ranges += hi - lo;
+      mag += std::max(std::fabs(lo), std::fabs(hi));
+    }
+    double err = 0;
+    for (int k = 0; k < K; ++k) err += c * (ranges + 2 * err) / L;
+    const double bound = err + 8.0 * (K + static_cast<int>(x.size())) * eps * (mag + err);
+    for (std::size_t i = b0; i < b1; ++i) {
+      double exact = 0;
+      for (const auto& xr : x) exact += static_cast<double>(gpu_test::to_m<T>(xr[i]));
+      if (!(std::fabs(static_cast<double>(gpu_test::to_m<T>(got[i])) - exact) <= bound)) ++bad;
+    }
+  }
+  return bad;
+}
+
+/// Runs reductions of counts `ns` (one after the other) on one plan and checks each.
+template <class T, class Q, class Red = R>
+void check_plan(const char* name, std::size_t max_count, std::initializer_list<std::size_t> ns, bool integers,
+                std::size_t native_below_bytes = 0) {
+  cgx::plan_options opts;
+  opts.native_below_bytes = native_below_bytes;
+  opts.check = cgx::checking::collective;
+  cgx::device_allreduce_plan<T, Q, Red, X> plan{X{MPI_COMM_WORLD}, max_count, opts};
+  gpu_test::dev_buf<T> d(max_count);
+  int call = 0;
+  for (std::size_t n : ns) {
+    const std::uint64_t salt = 1000 + static_cast<std::uint64_t>(call) * 31 + n;
+    std::vector<std::vector<T>> x;
+    for (int r = 0; r < size_; ++r) x.push_back(inputs<T>(r, n, salt, integers));
+    CUDA_OK(cudaMemcpyAsync(d.get(), x[static_cast<std::size_t>(rank_)].data(), n * sizeof(T), cudaMemcpyHostToDevice,
+                            stream_));
+    try {
+      plan(d.get(), n, stream_);
+    } catch (const cgx::error& e) {
+      CHECK_MSG(false, ctx(name, n, call) + ": threw " + e.what());
+      ++call;
+      continue;
+    }
+    std::vector<T> got(n);
+    if (n != 0) CUDA_OK(cudaMemcpyAsync(got.data(), d.get(), n * sizeof(T), cudaMemcpyDeviceToHost, stream_));
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    CHECK_MSG(same_as_rank0(got), ctx(name, n, call) + ": ranks differ");
+    const bool lossless = Q::lossless || n * sizeof(T) < native_below_bytes;
+    if (lossless && integers) {
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        double exact = 0;
+        for (const auto& xr : x) exact += static_cast<double>(gpu_test::to_m<T>(xr[i]));
+        if (static_cast<double>(gpu_test::to_m<T>(got[i])) != exact) ++wrong;
+      }
+      CHECK_MSG(wrong == 0, ctx(name, n, call) + ": " + std::to_string(wrong) + " values differ from the exact sum");
+    } else if constexpr (!Q::lossless) {
+      const int K = Red::quantizations(size_);
+      const std::size_t bad = outside_bound<T, Q>(got, x, K);
+      CHECK_MSG(bad == 0, ctx(name, n, call) + ": " + std::to_string(bad) + " values outside the error bound");
+    }
+    ++call;
+  }
+}
+
+/// The README's example (quoted verbatim: test readme_snippet_device), run and checked.
+void readme_example(float* d_grad, std::size_t n, cudaStream_t stream) {
+// [snippet:device]
+  using Q = cgx::quant::maxmin<4, 1024, cgx::quant::stochastic>;
+  using R = cgx::comm::scatter_reduce_allgather;
+  // X: cgx::comm::mpi, cgx::comm::cuda_ipc or cgx::comm::nccl; cudaSetDevice() first
+  cgx::device_allreduce_plan<float, Q, R, X> plan{X{MPI_COMM_WORLD}, n};
+  plan(d_grad, n, stream);  // compress, exchange, decode on the GPU; ready in stream order
+// [snippet:device]
+}
+
+void check_readme_example() {
+  const std::size_t n = 1 << 20;
+  std::vector<std::vector<float>> x;
+  for (int r = 0; r < size_; ++r) x.push_back(inputs<float>(r, n, 7, false));
+  gpu_test::dev_buf<float> d(n);
+  d.upload(x[static_cast<std::size_t>(rank_)].data(), n);
+  readme_example(d.get(), n, stream_);
+  std::vector<float> got(n);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  d.download(got.data(), n);
+  CHECK_MSG(same_as_rank0(got), ctx("readme example", n, 0) + ": ranks differ");
+  const std::size_t bad = outside_bound<float, cgx::quant::maxmin<4, 1024, stochastic>>(
+      got, x, cgx::comm::scatter_reduce_allgather::quantizations(size_));
+  CHECK_MSG(bad == 0, ctx("readme example", n, 0) + ": " + std::to_string(bad) + " values outside the error bound");
+}
+
+/// Bad arguments throw cgx::error on every rank, before any data moves.
+void check_errors() {
+  using Q = cgx::quant::maxmin<4, 256, nearest>;
+  cgx::plan_options opts;
+  opts.check = cgx::checking::collective;
+  opts.native_below_bytes = 0;
+  cgx::device_allreduce_plan<float, Q, R, X> plan{X{MPI_COMM_WORLD}, 4096, opts};
+  std::vector<float> host(4096, 1.0f);
+  // Rank 0 passes a host pointer; every rank must throw.
+  gpu_test::dev_buf<float> d(4096);
+  float* p = rank_ == 0 ? host.data() : d.get();
+  bool threw = false;
+  try {
+    plan(p, 4096, stream_);
+  } catch (const cgx::error& e) {
+    threw = e.code() == cgx::errc::invalid_argument;
+  }
+  CHECK_MSG(threw, ctx("host pointer on rank 0", 4096, 0) + ": no invalid_argument");
+  threw = false;
+  try {
+    plan(d.get(), 4097, stream_);
+  } catch (const cgx::error& e) {
+    threw = e.code() == cgx::errc::invalid_argument;
+  }
+  CHECK_MSG(threw, ctx("count above max_count", 4097, 0) + ": no invalid_argument");
+  CHECK_MSG(std::all_of(host.begin(), host.end(), [](float v) { return v == 1.0f; }), "host buffer was touched");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Decide about the device before MPI starts: every rank of a node sees the same.
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e != cudaSuccess || devices == 0) {
+    std::printf("test_device_allreduce (%s): no CUDA device (%s): skipped\n", transport_name,
+                e != cudaSuccess ? cudaGetErrorString(e) : "count 0");
+    return 77;
+  }
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+#if CGX_TEST_TRANSPORT == 3
+  if (devices < size_) {
+    if (rank_ == 0)
+      std::printf("test_device_allreduce (nccl): %d ranks but %d GPU(s); NCCL needs one GPU per rank: skipped\n", size_,
+                  devices);
+    MPI_Finalize();
+    return 77;
+  }
+#endif
+  CUDA_OK(cudaSetDevice(rank_ % devices));
+  CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  if (rank_ == 0) {
+    cudaDeviceProp prop{};
+    CUDA_OK(cudaGetDeviceProperties(&prop, rank_ % devices));
+    std::printf("test_device_allreduce (%s): %d ranks on %d GPU(s), %s (sm_%d%d)\n", transport_name, size_, devices,
+                prop.name, prop.major, prop.minor);
+  }
+
+  try {
+    // Compressed paths (threshold 0: never native). Counts: several buckets per rank, a
+    // partial last bucket, fewer buckets than ranks (empty chunks), nothing; then again.
+    check_plan<float, cgx::quant::maxmin<4, 512, nearest>>("float 4-bit nearest", 300000,
+                                                             {300000, 3 * 512 + 7, 1000, 0, 511, 300000}, false);
+    check_plan<float, cgx::quant::maxmin<2, 1024, stochastic>>("float 2-bit stochastic", 1 << 18,
+                                                                 {1 << 18, 12345, 1 << 18}, false);
+    check_plan<float, cgx::quant::maxmin<8, 128, stochastic>>("float 8-bit stochastic", 70000, {70000, 70000}, false);
+    check_plan<__half, cgx::quant::maxmin<4, 256, nearest>>("half 4-bit nearest", 100000, {100000, 777, 100000}, false);
+    check_plan<__nv_bfloat16, cgx::quant::maxmin<4, 256, stochastic>>("bf16 4-bit stochastic", 50000, {50000, 50000},
+                                                                        false);
+    check_plan<double, cgx::quant::maxmin<6, 1024, nearest>>("double 6-bit nearest", 40000, {40000}, false);
+    // Passthrough: exact on integer-valued data.
+    check_plan<float, cgx::quant::none>("float none", 200000, {200000, 1001, 200000}, true);
+    check_plan<__half, cgx::quant::none>("half none", 20000, {20000}, true);
+    // Below the threshold: the transport's native allreduce where it has one (exact on
+    // integers); cuda_ipc has none and compresses, so use none there too.
+    check_plan<float, cgx::quant::none>("float native", 4096, {4096, 100}, true, std::size_t{64} << 10);
+    // The ring schedule (p quantizations on the longest path).
+    using ring = cgx::comm::ring;
+    check_plan<float, cgx::quant::maxmin<4, 512, nearest>, ring>("ring float 4-bit nearest", 300000,
+                                                                   {300000, 3 * 512 + 7, 0, 300000}, false);
+    check_plan<__half, cgx::quant::maxmin<8, 256, stochastic>, ring>("ring half 8-bit stochastic", 60000,
+                                                                       {60000, 60000}, false);
+    check_plan<float, cgx::quant::none, ring>("ring float none", 100000, {100000, 999, 100000}, true);
+    check_errors();
+    check_readme_example();
+  } catch (const std::exception& ex) {
+    CHECK_MSG(false, std::string("exception: ") + ex.what());
+  }
+
+  CUDA_OK(cudaStreamDestroy(stream_));
+  int counts[2] = {gpu_test::failures, gpu_test::checks};
+  int total[2] = {0, 0};
+  MPI_Allreduce(counts, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (rank_ == 0) std::printf("test_device_allreduce (%s): %d checks on all ranks, %d failed\n", transport_name,
+                              total[1], total[0]);
+  MPI_Finalize();
+  return total[0] == 0 && total[1] > 0 ? 0 : 1;
+}
