@@ -21,3 +21,6 @@
 #include "comm/tree.hpp"
 #include "comm/hierarchical.hpp"
 #include "allreduce_plan.hpp"
+#include "layerwise.hpp"
+#include "error_feedback.hpp"
+#include "layerwise_plan.hpp"
