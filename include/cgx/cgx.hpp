@@ -24,3 +24,4 @@
 #include "layerwise.hpp"
 #include "error_feedback.hpp"
 #include "layerwise_plan.hpp"
+#include "adaptive.hpp"
