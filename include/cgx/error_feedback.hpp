@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "concepts.hpp"

@@ -24,10 +24,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <numeric>
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "comm/chunking.hpp"
@@ -147,9 +149,10 @@ class layerwise_layout {
   }
 
   /// Cuts the buffer into p chunks for `settings` (one per layer, already validated);
-  /// `bytes(setting, count)` gives a piece's compressed size.
+  /// `bytes(setting, count)` gives a piece's compressed size. Each piece starts at a
+  /// multiple of `align` bytes within its message (device kernels want aligned input).
   template <class Bytes>
-  void cut(std::span<const layer_setting> settings, int p, Bytes&& bytes) {
+  void cut(std::span<const layer_setting> settings, int p, Bytes&& bytes, std::size_t align = 1) {
     const auto P = static_cast<std::size_t>(p);
     std::vector<std::size_t> cum(order_.size() + 1, 0);  // start of each sorted layer, concatenated
     for (std::size_t k = 0; k < order_.size(); ++k) cum[k + 1] = cum[k] + layers_[order_[k]].count;
@@ -176,8 +179,9 @@ class layerwise_layout {
         if (e <= b) continue;
         const layer& l = layers_[order_[j]];
         const std::size_t nb = bytes(settings[order_[j]], e - b);
-        pieces_.push_back(piece{l.offset + b, e - b, order_[j], nb, chunk_bytes_[r]});
-        chunk_bytes_[r] += nb;
+        const std::size_t at = (chunk_bytes_[r] + align - 1) / align * align;
+        pieces_.push_back(piece{l.offset + b, e - b, order_[j], nb, at});
+        chunk_bytes_[r] = at + nb;
         chunk_count_[r] += e - b;
       }
     }

@@ -73,45 +73,22 @@ struct signature_hash {
   void mix(std::uint64_t v) { h = (h ^ v) * 1099511628211ull; }
   std::int64_t value() const { return static_cast<std::int64_t>(h >> 1); }
 };
-}  // namespace detail
 
-/// Layer-wise compressed allreduce (sum, in place) of a fused buffer of n values of T
-/// described by a list of layers (see the file comment and layerwise.hpp).
-///
-/// \tparam T         float or double
-/// \tparam X         transport, e.g. comm::mpi
-/// \tparam Rounding  quant::stochastic (CGX's) or quant::nearest
-///
-/// Settings may change between calls (set_settings, set_bits: e.g. from the adaptive
-/// assignment of adaptive.hpp); they must be the same on every rank at each call, which
-/// collective checking verifies. The workspace is sized at construction for the larger
-/// of the initial settings and all-uncompressed, and grows (reallocates) only when new
-/// settings need more. Construction and every call are collective.
-template <class T, class X, class Rounding = quant::stochastic>
-class layerwise_plan {
+
+/// What the host and device layer-wise plans share: the transport, the layout and its
+/// cut for the current settings, the settings and their resolved kernels (`Codec`,
+/// made by `Derived::make_codec`), argument checking and traffic accounting. `Derived`
+/// provides `make_codec(setting)`, `piece_align` and `reserve(slot_bytes)` (workspace
+/// for 2 p slots), and calls `init()` at the end of its constructor.
+template <class Derived, class T, class X, class Codec>
+class layerwise_base {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "cgx::layerwise_plan: T must be float or double");
   static_assert(transport<X>, "cgx::layerwise_plan: X must be a transport (e.g. cgx::comm::mpi)");
-  static_assert(quant::is_rounding_v<Rounding>,
-                "cgx::layerwise_plan: Rounding must be cgx::quant::stochastic or cgx::quant::nearest");
 
  public:
   using value_type = T;
   using transport_type = X;
-
-  /// Collective. A plan for a fused buffer of n values holding `layers`, starting from
-  /// default_settings(layers, opts.defaults). Throws cgx::error(errc::invalid_argument)
-  /// for layers outside [0, n) or overlapping, or defaults outside the compiled set.
-  layerwise_plan(X transport, std::size_t n, std::vector<layer> layers, layerwise_options opts = {})
-      : x_(std::move(transport)), layout_(n, std::move(layers)), opts_(opts) {
-    if (opts_.threads < 1) throw error(errc::invalid_argument, "layerwise_plan: threads must be >= 1");
-    if (opts_.error_feedback) ef_ = error_feedback<T>(n);
-    layerwise_layout all_raw = layout_;
-    const std::vector<layer_setting> raw(layout_.layers().size(), layer_setting{0, 1024});
-    all_raw.cut(raw, x_.size(), &setting_bytes<T>);
-    reserve(all_raw.slot_bytes());
-    set_settings(default_settings(layout_.layers(), opts_.defaults));
-  }
 
   /// Replaces every layer's setting (one per layer, in the order of the layer list).
   /// Local: every rank must make the same change before its next call. Throws
@@ -122,15 +99,17 @@ class layerwise_plan {
       throw error(errc::invalid_argument, "layerwise_plan: " + std::to_string(s.size()) + " settings for " +
                                               std::to_string(layout_.layers().size()) + " layers");
     for (std::size_t i = 0; i < s.size(); ++i) validate_setting(s[i], i);
-    std::vector<detail::host_codec<T>> codecs(s.size());
-    for (std::size_t i = 0; i < s.size(); ++i) codecs[i] = detail::make_host_codec<T, Rounding>(s[i]);
-    layout_.cut(s, x_.size(), &setting_bytes<T>);
-    reserve(layout_.slot_bytes());
+    std::vector<Codec> codecs(s.size());
+    for (std::size_t i = 0; i < s.size(); ++i) codecs[i] = Derived::make_codec(s[i]);
+    layerwise_layout cut = layout_;
+    cut.cut(s, x_.size(), &setting_bytes<T>, Derived::piece_align);
+    static_cast<Derived*>(this)->reserve(cut.slot_bytes());
+    layout_ = std::move(cut);
     settings_ = std::move(s);
     codecs_ = std::move(codecs);
-    detail::signature_hash h;
+    signature_hash h;
     h.mix(sizeof(T));
-    h.mix(std::is_same_v<Rounding, quant::stochastic> ? 1 : 0);
+    h.mix(Derived::rounding_id);
     h.mix(layout_.size());
     for (std::size_t i = 0; i < settings_.size(); ++i) {
       h.mix(layout_.layers()[i].offset);
@@ -149,23 +128,6 @@ class layerwise_plan {
     s[index].bits = bits;
     set_settings(std::move(s));
   }
-
-  /// Sums buf[0..n) over all ranks, in place, blocking, layer by layer as set. Collective:
-  /// every rank calls it with the same n and the same settings. Throws cgx::error,
-  /// leaving buf untouched, for a null buf, n != size(), or (collective checking)
-  /// layouts or settings that differ between ranks, on every rank.
-  void operator()(T* buf, std::size_t n) {
-    check(buf, n);
-    quant::rng_state rng;
-    rng.seed = opts_.seed;
-    rng.counter = calls_++;
-    run(buf, rng);
-  }
-
-  /// Forgets the error-feedback residuals (no-op without error feedback).
-  void reset_error_feedback() { ef_.reset(); }
-  /// The error-feedback state; empty (size() 0) without error feedback.
-  const error_feedback<T>& feedback() const noexcept { return ef_; }
 
   /// The current settings, one per layer.
   const std::vector<layer_setting>& settings() const noexcept { return settings_; }
@@ -195,28 +157,44 @@ class layerwise_plan {
     }
     return count == 0 ? 0.0 : bits / count;
   }
-  /// Bytes of workspace held.
-  std::size_t workspace_size() const noexcept { return ws_bytes_; }
   /// Calls made so far.
   std::uint32_t calls() const noexcept { return calls_; }
   /// The transport.
   X& transport() noexcept { return x_; }
   const X& transport() const noexcept { return x_; }
 
- private:
+  layerwise_base(const layerwise_base&) = delete;
+  layerwise_base& operator=(const layerwise_base&) = delete;
+
+ protected:
   static constexpr int tag_scatter = 0x6369;
   static constexpr int tag_gather = 0x636a;
 
-  void reserve(std::size_t slot) {
-    const std::size_t need = 2 * static_cast<std::size_t>(x_.size()) * slot;
-    if (need > ws_bytes_) {
-      ws_ = std::make_unique_for_overwrite<std::byte[]>(need);
-      ws_bytes_ = need;
-    }
-    slot_ = slot;
+  layerwise_base(X transport, std::size_t n, std::vector<layer> layers, layerwise_options opts)
+      : x_(std::move(transport)), layout_(n, std::move(layers)), opts_(opts) {
+    if (opts_.threads < 1) throw error(errc::invalid_argument, "layerwise_plan: threads must be >= 1");
+  }
+  ~layerwise_base() = default;
+
+  /// Reserves workspace for the larger of all-uncompressed and the default settings,
+  /// and applies the defaults.
+  void init() {
+    layerwise_layout all_raw = layout_;
+    const std::vector<layer_setting> raw(layout_.layers().size(), layer_setting{0, 1024});
+    all_raw.cut(raw, x_.size(), &setting_bytes<T>, Derived::piece_align);
+    static_cast<Derived*>(this)->reserve(all_raw.slot_bytes());
+    set_settings(default_settings(layout_.layers(), opts_.defaults));
   }
 
-  void check(const T* buf, std::size_t n) {
+  /// The random-bit key of the next call.
+  quant::rng_state next_rng() {
+    quant::rng_state rng;
+    rng.seed = opts_.seed;
+    rng.counter = calls_++;
+    return rng;
+  }
+
+  void check(const void* buf, std::size_t n) {
     enum : std::int64_t { null_buffer = 1, wrong_size = 2 };
     std::int64_t bad = 0;
     if (buf == nullptr && n > 0) bad |= null_buffer;
@@ -240,11 +218,81 @@ class layerwise_plan {
                                           "types; no data was moved");
   }
 
+  X x_;
+  layerwise_layout layout_;
+  layerwise_options opts_;
+  std::vector<layer_setting> settings_;
+  std::vector<Codec> codecs_;
+  std::int64_t sig_ = 0;
+  std::uint32_t calls_ = 0;
+  std::vector<typename X::request> reqs_;
+};
+
+}  // namespace detail
+
+/// Layer-wise compressed allreduce (sum, in place) of a fused buffer of n values of T
+/// described by a list of layers (see the file comment and layerwise.hpp).
+///
+/// \tparam T         float or double
+/// \tparam X         transport, e.g. comm::mpi
+/// \tparam Rounding  quant::stochastic (CGX's) or quant::nearest
+///
+/// Settings may change between calls (set_settings, set_bits: e.g. from the adaptive
+/// assignment of adaptive.hpp); they must be the same on every rank at each call, which
+/// collective checking verifies. The workspace is sized at construction for the larger
+/// of the initial settings and all-uncompressed, and grows (reallocates) only when new
+/// settings need more. Construction and every call are collective.
+template <class T, class X, class Rounding = quant::stochastic>
+class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Rounding>, T, X, detail::host_codec<T>> {
+  static_assert(quant::is_rounding_v<Rounding>,
+                "cgx::layerwise_plan: Rounding must be cgx::quant::stochastic or cgx::quant::nearest");
+  using base = detail::layerwise_base<layerwise_plan<T, X, Rounding>, T, X, detail::host_codec<T>>;
+  friend base;
+
+ public:
+  /// Collective. A plan for a fused buffer of n values holding `layers`, starting from
+  /// default_settings(layers, opts.defaults). Throws cgx::error(errc::invalid_argument)
+  /// for layers outside [0, n) or overlapping, or defaults outside the compiled set.
+  layerwise_plan(X transport, std::size_t n, std::vector<layer> layers, layerwise_options opts = {})
+      : base(std::move(transport), n, std::move(layers), opts) {
+    if (this->opts_.error_feedback) ef_ = error_feedback<T>(n);
+    this->init();
+  }
+
+  /// Sums buf[0..n) over all ranks, in place, blocking, layer by layer as set. Collective:
+  /// every rank calls it with the same n and the same settings. Throws cgx::error,
+  /// leaving buf untouched, for a null buf, n != size(), or (collective checking)
+  /// layouts or settings that differ between ranks, on every rank.
+  void operator()(T* buf, std::size_t n) {
+    this->check(buf, n);
+    run(buf, this->next_rng());
+  }
+
+  /// Forgets the error-feedback residuals (no-op without error feedback).
+  void reset_error_feedback() { ef_.reset(); }
+  /// The error-feedback state; empty (size() 0) without error feedback.
+  const error_feedback<T>& feedback() const noexcept { return ef_; }
+  /// Bytes of workspace held.
+  std::size_t workspace_size() const noexcept { return ws_bytes_; }
+
+ private:
+  static constexpr std::size_t piece_align = 1;
+  static constexpr std::uint64_t rounding_id = std::is_same_v<Rounding, quant::stochastic> ? 1 : 0;
+  static detail::host_codec<T> make_codec(const layer_setting& s) { return detail::make_host_codec<T, Rounding>(s); }
+
+  void reserve(std::size_t slot) {
+    const std::size_t need = 2 * static_cast<std::size_t>(this->x_.size()) * slot;
+    if (need > ws_bytes_) {
+      ws_ = std::make_unique_for_overwrite<std::byte[]>(need);
+      ws_bytes_ = need;
+    }
+    slot_ = slot;
+  }
   /// Compresses the pieces of chunk r of buf into out; with error feedback, through the
   /// residuals (compensate, encode, record).
   void compress_chunk(T* buf, int r, std::byte* out, quant::rng_state s, quant::host_exec ex) {
-    for (const auto& pc : layout_.pieces(r)) {
-      const auto& c = codecs_[pc.layer];
+    for (const auto& pc : this->layout_.pieces(r)) {
+      const auto& c = this->codecs_[pc.layer];
       s.position = pc.begin;
       std::byte* o = out + pc.offset;
       if (!ef_.size()) {
@@ -258,7 +306,7 @@ class layerwise_plan {
   }
 
   void record(const T* buf, const layerwise_layout::piece& pc, const std::byte* o, quant::host_exec ex) {
-    const auto& c = codecs_[pc.layer];
+    const auto& c = this->codecs_[pc.layer];
     if (c.lossless)
       ef_.clear(pc.begin, pc.count);
     else
@@ -266,43 +314,43 @@ class layerwise_plan {
   }
 
   void run(T* buf, const quant::rng_state& rng) {
-    const int p = x_.size(), me = x_.rank();
-    if (p == 1 || layout_.size() == 0) return;
-    const quant::host_exec ex{opts_.threads};
+    const int p = this->x_.size(), me = this->x_.rank();
+    if (p == 1 || this->layout_.size() == 0) return;
+    const quant::host_exec ex{this->opts_.threads};
     std::byte* send = ws_.get();
     std::byte* recv = send + static_cast<std::size_t>(p) * slot_;
     auto sslot = [&](int r) { return send + static_cast<std::size_t>(r) * slot_; };
     auto rslot = [&](int r) { return recv + static_cast<std::size_t>(r) * slot_; };
-    const std::size_t mine_bytes = layout_.chunk_bytes(me);
+    const std::size_t mine_bytes = this->layout_.chunk_bytes(me);
 
     // Phase 1: scatter-reduce, one message per peer.
-    reqs_.clear();
+    this->reqs_.clear();
     if (mine_bytes != 0)
       for (int r = 0; r < p; ++r)
-        if (r != me) reqs_.push_back(x_.irecv(rslot(r), mine_bytes, r, tag_scatter));
-    const std::size_t nrecv = reqs_.size();
+        if (r != me) this->reqs_.push_back(this->x_.irecv(rslot(r), mine_bytes, r, base::tag_scatter));
+    const std::size_t nrecv = this->reqs_.size();
     for (int step = 1; step < p; ++step) {
       const int r = (me + step) % p;
-      if (layout_.chunk_bytes(r) == 0) continue;
+      if (this->layout_.chunk_bytes(r) == 0) continue;
       quant::rng_state s = rng;
       s.stream = static_cast<std::uint32_t>(me);
       compress_chunk(buf, r, sslot(r), s, ex);
-      reqs_.push_back(x_.isend(sslot(r), layout_.chunk_bytes(r), r, tag_scatter));
+      this->reqs_.push_back(this->x_.isend(sslot(r), this->layout_.chunk_bytes(r), r, base::tag_scatter));
     }
     if (mine_bytes != 0) {
       if (ef_.size())
-        for (const auto& pc : layout_.pieces(me)) ef_.compensate(buf, pc.begin, pc.count);
+        for (const auto& pc : this->layout_.pieces(me)) ef_.compensate(buf, pc.begin, pc.count);
       for (int r = 0; r < p; ++r) {
         if (r == me) continue;
-        x_.wait_all(std::span(reqs_.data() + (r - (r > me ? 1 : 0)), 1));
-        for (const auto& pc : layout_.pieces(me))
-          codecs_[pc.layer].decompress_add(rslot(r) + pc.offset, pc.count, buf + pc.begin, ex);
+        this->x_.wait_all(std::span(this->reqs_.data() + (r - (r > me ? 1 : 0)), 1));
+        for (const auto& pc : this->layout_.pieces(me))
+          this->codecs_[pc.layer].decompress_add(rslot(r) + pc.offset, pc.count, buf + pc.begin, ex);
       }
       // The sum is quantized once; the owner keeps the decoded bytes, like everyone else.
       quant::rng_state s = rng;
       s.stream = static_cast<std::uint32_t>(p + me);
-      for (const auto& pc : layout_.pieces(me)) {
-        const auto& c = codecs_[pc.layer];
+      for (const auto& pc : this->layout_.pieces(me)) {
+        const auto& c = this->codecs_[pc.layer];
         s.position = pc.begin;
         std::byte* o = sslot(me) + pc.offset;
         c.compress(buf + pc.begin, pc.count, o, s, ex);
@@ -313,29 +361,21 @@ class layerwise_plan {
 
     // Phase 2: allgather of the compressed sums.
     for (int r = 0; r < p; ++r)
-      if (r != me && layout_.chunk_bytes(r) != 0)
-        reqs_.push_back(x_.irecv(rslot(r), layout_.chunk_bytes(r), r, tag_gather));
+      if (r != me && this->layout_.chunk_bytes(r) != 0)
+        this->reqs_.push_back(this->x_.irecv(rslot(r), this->layout_.chunk_bytes(r), r, base::tag_gather));
     if (mine_bytes != 0)
-      for (int step = 1; step < p; ++step) reqs_.push_back(x_.isend(sslot(me), mine_bytes, (me + step) % p, tag_gather));
-    x_.wait_all(std::span(reqs_.data() + nrecv, reqs_.size() - nrecv));
+      for (int step = 1; step < p; ++step) this->reqs_.push_back(this->x_.isend(sslot(me), mine_bytes, (me + step) % p, base::tag_gather));
+    this->x_.wait_all(std::span(this->reqs_.data() + nrecv, this->reqs_.size() - nrecv));
     for (int r = 0; r < p; ++r) {
       if (r == me) continue;
-      for (const auto& pc : layout_.pieces(r)) codecs_[pc.layer].decompress(rslot(r) + pc.offset, pc.count, buf + pc.begin, ex);
+      for (const auto& pc : this->layout_.pieces(r)) this->codecs_[pc.layer].decompress(rslot(r) + pc.offset, pc.count, buf + pc.begin, ex);
     }
   }
 
-  X x_;
-  layerwise_layout layout_;
-  layerwise_options opts_;
-  std::vector<layer_setting> settings_;
-  std::vector<detail::host_codec<T>> codecs_;
   error_feedback<T> ef_;
   std::unique_ptr<std::byte[]> ws_;
   std::size_t ws_bytes_ = 0;
   std::size_t slot_ = 0;
-  std::int64_t sig_ = 0;
-  std::uint32_t calls_ = 0;
-  std::vector<typename X::request> reqs_;
 };
 
 }  // namespace cgx
