@@ -117,6 +117,7 @@ TEST_CASE("adaptive: decayed statistics; bad options") {
   CHECK_THROWS_AS(cgx::adaptive_bits(a.layers, init, {.min_bits = 5, .max_bits = 4}), cgx::error);
   CHECK_THROWS_AS(cgx::adaptive_bits(a.layers, init, {.bucket = 100}), cgx::error);
   CHECK_THROWS_AS(cgx::adaptive_bits(a.layers, {}, {}), cgx::error);
+  CHECK_THROWS_AS(cgx::adaptive_bits(a.layers, init, {.target_bits = std::nan("")}), cgx::error);
 }
 
 TEST_CASE("adaptive: the same assignment on every rank from the reduced gradient; the plan takes it") {

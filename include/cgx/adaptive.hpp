@@ -74,6 +74,7 @@ class adaptive_bits {
     if (o_.min_bits < 1 || o_.max_bits > 8 || o_.min_bits > o_.max_bits)
       throw error(errc::invalid_argument, "adaptive_bits: need 1 <= min_bits <= max_bits <= 8");
     if (o_.clusters < 1) throw error(errc::invalid_argument, "adaptive_bits: clusters must be >= 1");
+    if (!std::isfinite(o_.target_bits)) throw error(errc::invalid_argument, "adaptive_bits: target_bits must be finite");
     if (!(o_.decay >= 0 && o_.decay < 1)) throw error(errc::invalid_argument, "adaptive_bits: decay must be in [0, 1)");
     if (!(o_.top_fraction > 0 && o_.top_fraction <= 1))
       throw error(errc::invalid_argument, "adaptive_bits: top_fraction must be in (0, 1]");
