@@ -31,3 +31,7 @@
 #include "broadcast_plan.hpp"
 #include "error_bounded_plan.hpp"
 #include "model.hpp"
+#include "layerwise.hpp"
+#include "error_feedback.hpp"
+#include "layerwise_plan.hpp"
+#include "adaptive.hpp"

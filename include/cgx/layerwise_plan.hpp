@@ -1,0 +1,381 @@
+#pragma once
+/// \file layerwise_plan.hpp
+/// `cgx::layerwise_plan<T, X, Rounding>`: CGX's layer-wise compressed allreduce of one
+/// fused buffer holding many layers, each with its own run-time setting (bits 1..8 or
+/// uncompressed, bucket size), on host buffers.
+///
+/// The schedule is the scatter-reduce-allgather of scatter_reduce_allgather.hpp over
+/// the chunks of layerwise.hpp (cut at bucket and layer boundaries): rank r != o
+/// compresses its part of chunk o piece by piece, each piece with its layer's
+/// quantizer, into one message; o decodes and adds the p - 1 messages in rank order,
+/// compresses the sum once, decodes it into its own buffer and sends that one message
+/// to every rank. One message per pair of ranks per phase, whatever the number of
+/// layers. Stochastic rounding uses the keys of the SRA: stream = sender rank in phase
+/// 1, p + owner in phase 2, position = the piece's index in the fused buffer, counter =
+/// the call number. All ranks end with the same bits; the error bound of each value
+/// is the SRA's with its layer's unit (uncompressed layers: the exact sum in rank
+/// order).
+///
+/// Traffic per rank and call: sum over r != me of chunk_bytes(r) plus (p - 1) *
+/// chunk_bytes(me) sent, as much received (`bytes_sent()`).
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "allreduce_plan.hpp"
+#include "concepts.hpp"
+#include "error.hpp"
+#include "error_feedback.hpp"
+#include "layerwise.hpp"
+#include "quant/host_exec.hpp"
+#include "quant/rounding.hpp"
+
+namespace cgx {
+
+/// Run-time options of a layer-wise plan.
+struct layerwise_options {
+  layerwise_defaults defaults{};         ///< settings the layers start with (see default_settings)
+  bool error_feedback = false;           ///< keep per-rank residuals (error_feedback.hpp): n * sizeof(T) bytes
+  checking check = checking::automatic;  ///< argument checking level (as allreduce_plan's)
+  std::uint64_t seed = 0x63677821u;      ///< seed of stochastic rounding
+  int threads = 1;                       ///< host threads for (de)compression, per rank
+};
+
+namespace detail {
+/// The host kernels of one setting, resolved once per settings change.
+template <class T>
+struct host_codec {
+  void (*compress)(const T*, std::size_t, std::byte*, const quant::rng_state&, quant::host_exec);
+  void (*decompress)(const std::byte*, std::size_t, T*, quant::host_exec);
+  void (*decompress_add)(const std::byte*, std::size_t, T*, quant::host_exec);
+  bool lossless;
+};
+
+template <class T, class Rounding>
+host_codec<T> make_host_codec(const layer_setting& s) {
+  return with_quantizer<Rounding>(s, [](auto q) {
+    using Q = typename decltype(q)::type;
+    return host_codec<T>{&Q::template compress<T>, &Q::template decompress<T>, &Q::template decompress_add<T>,
+                         Q::lossless};
+  });
+}
+
+/// FNV-1a over 64-bit words: a signature ranks compare to agree on a layout.
+struct signature_hash {
+  std::uint64_t h = 1469598103934665603ull;
+  void mix(std::uint64_t v) { h = (h ^ v) * 1099511628211ull; }
+  std::int64_t value() const { return static_cast<std::int64_t>(h >> 1); }
+};
+
+
+/// What the host and device layer-wise plans share: the transport, the layout and its
+/// cut for the current settings, the settings and their resolved kernels (`Codec`,
+/// made by `Derived::make_codec`), argument checking and traffic accounting. `Derived`
+/// provides `make_codec(setting)`, `piece_align` and `reserve(slot_bytes)` (workspace
+/// for 2 p slots), and calls `init()` at the end of its constructor.
+template <class Derived, class T, class X, class Codec>
+class layerwise_base {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "cgx::layerwise_plan: T must be float or double");
+  static_assert(transport<X>, "cgx::layerwise_plan: X must be a transport (e.g. cgx::comm::mpi)");
+
+ public:
+  using value_type = T;
+  using transport_type = X;
+
+  /// Replaces every layer's setting (one per layer, in the order of the layer list).
+  /// Local: every rank must make the same change before its next call. Throws
+  /// cgx::error(errc::invalid_argument), keeping the old settings, for a wrong count,
+  /// bits outside 0..8 or a bucket not compiled in (layerwise_buckets).
+  void set_settings(std::vector<layer_setting> s) {
+    if (s.size() != layout_.layers().size())
+      throw error(errc::invalid_argument, "layerwise_plan: " + std::to_string(s.size()) + " settings for " +
+                                              std::to_string(layout_.layers().size()) + " layers");
+    for (std::size_t i = 0; i < s.size(); ++i) validate_setting(s[i], i);
+    std::vector<Codec> codecs(s.size());
+    for (std::size_t i = 0; i < s.size(); ++i) codecs[i] = Derived::make_codec(s[i]);
+    layerwise_layout cut = layout_;
+    cut.cut(s, x_.size(), &setting_bytes<T>, Derived::piece_align);
+    static_cast<Derived*>(this)->reserve(cut.slot_bytes());
+    layout_ = std::move(cut);
+    settings_ = std::move(s);
+    codecs_ = std::move(codecs);
+    signature_hash h;
+    h.mix(sizeof(T));
+    h.mix(Derived::rounding_id);
+    h.mix(layout_.size());
+    for (std::size_t i = 0; i < settings_.size(); ++i) {
+      h.mix(layout_.layers()[i].offset);
+      h.mix(layout_.layers()[i].count);
+      h.mix(static_cast<std::uint64_t>(settings_[i].bits));
+      h.mix(settings_[i].bits == 0 ? 0 : settings_[i].bucket);
+    }
+    sig_ = h.value();
+  }
+
+  /// Sets one layer's bits (0 = uncompressed), keeping its bucket. Local, like set_settings.
+  void set_bits(std::size_t index, int bits) {
+    if (index >= settings_.size())
+      throw error(errc::invalid_argument, "layerwise_plan: no layer " + std::to_string(index));
+    std::vector<layer_setting> s = settings_;
+    s[index].bits = bits;
+    set_settings(std::move(s));
+  }
+
+  /// The current settings, one per layer.
+  const std::vector<layer_setting>& settings() const noexcept { return settings_; }
+  /// The layers as given.
+  const std::vector<layer>& layers() const noexcept { return layout_.layers(); }
+  /// The cut into chunks for the current settings.
+  const layerwise_layout& layout() const noexcept { return layout_; }
+  /// Values in the fused buffer.
+  std::size_t size() const noexcept { return layout_.size(); }
+  /// Bytes this rank sends per call with the current settings (0 on one rank).
+  std::size_t bytes_sent() const {
+    const int p = x_.size(), me = x_.rank();
+    if (p == 1) return 0;
+    std::size_t b = static_cast<std::size_t>(p - 1) * layout_.chunk_bytes(me);
+    for (int r = 0; r < p; ++r)
+      if (r != me) b += layout_.chunk_bytes(r);
+    return b;
+  }
+  /// Average bits per value over the layers (uncompressed values count 8 sizeof(T)),
+  /// metadata excluded.
+  double average_bits() const {
+    double bits = 0, count = 0;
+    for (std::size_t i = 0; i < settings_.size(); ++i) {
+      const double c = static_cast<double>(layout_.layers()[i].count);
+      bits += c * (settings_[i].bits == 0 ? 8.0 * sizeof(T) : settings_[i].bits);
+      count += c;
+    }
+    return count == 0 ? 0.0 : bits / count;
+  }
+  /// Calls made so far.
+  std::uint32_t calls() const noexcept { return calls_; }
+  /// The transport.
+  X& transport() noexcept { return x_; }
+  const X& transport() const noexcept { return x_; }
+
+  layerwise_base(const layerwise_base&) = delete;
+  layerwise_base& operator=(const layerwise_base&) = delete;
+
+ protected:
+  static constexpr int tag_scatter = 0x6369;
+  static constexpr int tag_gather = 0x636a;
+
+  layerwise_base(X transport, std::size_t n, std::vector<layer> layers, layerwise_options opts)
+      : x_(std::move(transport)), layout_(n, std::move(layers)), opts_(opts) {
+    if (opts_.threads < 1) throw error(errc::invalid_argument, "layerwise_plan: threads must be >= 1");
+  }
+  ~layerwise_base() = default;
+
+  /// Reserves workspace for the larger of all-uncompressed and the default settings,
+  /// and applies the defaults.
+  void init() {
+    layerwise_layout all_raw = layout_;
+    const std::vector<layer_setting> raw(layout_.layers().size(), layer_setting{0, 1024});
+    all_raw.cut(raw, x_.size(), &setting_bytes<T>, Derived::piece_align);
+    static_cast<Derived*>(this)->reserve(all_raw.slot_bytes());
+    set_settings(default_settings(layout_.layers(), opts_.defaults));
+  }
+
+  /// The random-bit key of the next call.
+  quant::rng_state next_rng() {
+    quant::rng_state rng;
+    rng.seed = opts_.seed;
+    rng.counter = calls_++;
+    return rng;
+  }
+
+  void check(const void* buf, std::size_t n) {
+    enum : std::int64_t { null_buffer = 1, wrong_size = 2 };
+    std::int64_t bad = 0;
+    if (buf == nullptr && n > 0) bad |= null_buffer;
+    if (n != layout_.size()) bad |= wrong_size;
+    auto where = [this] { return "layerwise_plan (rank " + std::to_string(x_.rank()) + "): "; };
+    auto local_message = [&]() -> std::string {
+      if (bad & null_buffer) return "null buffer with count " + std::to_string(n) + " > 0";
+      return "count " + std::to_string(n) + " differs from the plan's buffer size " + std::to_string(layout_.size());
+    };
+    if (resolve(opts_.check) == checking::local) {
+      if (bad != 0) throw error(errc::invalid_argument, where() + local_message());
+      return;
+    }
+    std::array<std::int64_t, 3> v{sig_, -sig_, bad};
+    x_.max_all(v);
+    if (bad != 0) throw error(errc::invalid_argument, where() + local_message());
+    if (v[2] != 0)
+      throw error(errc::invalid_argument, where() + "another rank passed invalid arguments; no data was moved");
+    if (v[0] != -v[1])
+      throw error(errc::mismatch, where() + "ranks have different layers or settings (bits, buckets) or value "
+                                          "types; no data was moved");
+  }
+
+  X x_;
+  layerwise_layout layout_;
+  layerwise_options opts_;
+  std::vector<layer_setting> settings_;
+  std::vector<Codec> codecs_;
+  std::int64_t sig_ = 0;
+  std::uint32_t calls_ = 0;
+  std::vector<typename X::request> reqs_;
+};
+
+}  // namespace detail
+
+/// Layer-wise compressed allreduce (sum, in place) of a fused buffer of n values of T
+/// described by a list of layers (see the file comment and layerwise.hpp).
+///
+/// \tparam T         float or double
+/// \tparam X         transport, e.g. comm::mpi
+/// \tparam Rounding  quant::stochastic (CGX's) or quant::nearest
+///
+/// Settings may change between calls (set_settings, set_bits: e.g. from the adaptive
+/// assignment of adaptive.hpp); they must be the same on every rank at each call, which
+/// collective checking verifies. The workspace is sized at construction for the larger
+/// of the initial settings and all-uncompressed, and grows (reallocates) only when new
+/// settings need more. Construction and every call are collective.
+template <class T, class X, class Rounding = quant::stochastic>
+class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Rounding>, T, X, detail::host_codec<T>> {
+  static_assert(quant::is_rounding_v<Rounding>,
+                "cgx::layerwise_plan: Rounding must be cgx::quant::stochastic or cgx::quant::nearest");
+  using base = detail::layerwise_base<layerwise_plan<T, X, Rounding>, T, X, detail::host_codec<T>>;
+  friend base;
+
+ public:
+  /// Collective. A plan for a fused buffer of n values holding `layers`, starting from
+  /// default_settings(layers, opts.defaults). Throws cgx::error(errc::invalid_argument)
+  /// for layers outside [0, n) or overlapping, or defaults outside the compiled set.
+  layerwise_plan(X transport, std::size_t n, std::vector<layer> layers, layerwise_options opts = {})
+      : base(std::move(transport), n, std::move(layers), opts) {
+    if (this->opts_.error_feedback) ef_ = error_feedback<T>(n);
+    this->init();
+  }
+
+  /// Sums buf[0..n) over all ranks, in place, blocking, layer by layer as set. Collective:
+  /// every rank calls it with the same n and the same settings. Throws cgx::error,
+  /// leaving buf untouched, for a null buf, n != size(), or (collective checking)
+  /// layouts or settings that differ between ranks, on every rank.
+  void operator()(T* buf, std::size_t n) {
+    this->check(buf, n);
+    run(buf, this->next_rng());
+  }
+
+  /// Forgets the error-feedback residuals (no-op without error feedback).
+  void reset_error_feedback() { ef_.reset(); }
+  /// The error-feedback state; empty (size() 0) without error feedback.
+  const error_feedback<T>& feedback() const noexcept { return ef_; }
+  /// Bytes of workspace held.
+  std::size_t workspace_size() const noexcept { return ws_bytes_; }
+
+ private:
+  static constexpr std::size_t piece_align = 1;
+  static constexpr std::uint64_t rounding_id = std::is_same_v<Rounding, quant::stochastic> ? 1 : 0;
+  static detail::host_codec<T> make_codec(const layer_setting& s) { return detail::make_host_codec<T, Rounding>(s); }
+
+  void reserve(std::size_t slot) {
+    const std::size_t need = 2 * static_cast<std::size_t>(this->x_.size()) * slot;
+    if (need > ws_bytes_) {
+      ws_ = std::make_unique_for_overwrite<std::byte[]>(need);
+      ws_bytes_ = need;
+    }
+    slot_ = slot;
+  }
+  /// Compresses the pieces of chunk r of buf into out; with error feedback, through the
+  /// residuals (compensate, encode, record).
+  void compress_chunk(T* buf, int r, std::byte* out, quant::rng_state s, quant::host_exec ex) {
+    for (const auto& pc : this->layout_.pieces(r)) {
+      const auto& c = this->codecs_[pc.layer];
+      s.position = pc.begin;
+      std::byte* o = out + pc.offset;
+      if (!ef_.size()) {
+        c.compress(buf + pc.begin, pc.count, o, s, ex);
+        continue;
+      }
+      ef_.compensate(buf, pc.begin, pc.count);
+      c.compress(buf + pc.begin, pc.count, o, s, ex);
+      record(buf, pc, o, ex);
+    }
+  }
+
+  void record(const T* buf, const layerwise_layout::piece& pc, const std::byte* o, quant::host_exec ex) {
+    const auto& c = this->codecs_[pc.layer];
+    if (c.lossless)
+      ef_.clear(pc.begin, pc.count);
+    else
+      ef_.record(buf, pc.begin, pc.count, [&](T* y, std::size_t k) { c.decompress(o, k, y, ex); });
+  }
+
+  void run(T* buf, const quant::rng_state& rng) {
+    const int p = this->x_.size(), me = this->x_.rank();
+    if (p == 1 || this->layout_.size() == 0) return;
+    const quant::host_exec ex{this->opts_.threads};
+    std::byte* send = ws_.get();
+    std::byte* recv = send + static_cast<std::size_t>(p) * slot_;
+    auto sslot = [&](int r) { return send + static_cast<std::size_t>(r) * slot_; };
+    auto rslot = [&](int r) { return recv + static_cast<std::size_t>(r) * slot_; };
+    const std::size_t mine_bytes = this->layout_.chunk_bytes(me);
+
+    // Phase 1: scatter-reduce, one message per peer.
+    this->reqs_.clear();
+    if (mine_bytes != 0)
+      for (int r = 0; r < p; ++r)
+        if (r != me) this->reqs_.push_back(this->x_.irecv(rslot(r), mine_bytes, r, base::tag_scatter));
+    const std::size_t nrecv = this->reqs_.size();
+    for (int step = 1; step < p; ++step) {
+      const int r = (me + step) % p;
+      if (this->layout_.chunk_bytes(r) == 0) continue;
+      quant::rng_state s = rng;
+      s.stream = static_cast<std::uint32_t>(me);
+      compress_chunk(buf, r, sslot(r), s, ex);
+      this->reqs_.push_back(this->x_.isend(sslot(r), this->layout_.chunk_bytes(r), r, base::tag_scatter));
+    }
+    if (mine_bytes != 0) {
+      if (ef_.size())
+        for (const auto& pc : this->layout_.pieces(me)) ef_.compensate(buf, pc.begin, pc.count);
+      for (int r = 0; r < p; ++r) {
+        if (r == me) continue;
+        this->x_.wait_all(std::span(this->reqs_.data() + (r - (r > me ? 1 : 0)), 1));
+        for (const auto& pc : this->layout_.pieces(me))
+          this->codecs_[pc.layer].decompress_add(rslot(r) + pc.offset, pc.count, buf + pc.begin, ex);
+      }
+      // The sum is quantized once; the owner keeps the decoded bytes, like everyone else.
+      quant::rng_state s = rng;
+      s.stream = static_cast<std::uint32_t>(p + me);
+      for (const auto& pc : this->layout_.pieces(me)) {
+        const auto& c = this->codecs_[pc.layer];
+        s.position = pc.begin;
+        std::byte* o = sslot(me) + pc.offset;
+        c.compress(buf + pc.begin, pc.count, o, s, ex);
+        if (ef_.size()) record(buf, pc, o, ex);
+        if (!c.lossless) c.decompress(o, pc.count, buf + pc.begin, ex);
+      }
+    }
+
+    // Phase 2: allgather of the compressed sums.
+    for (int r = 0; r < p; ++r)
+      if (r != me && this->layout_.chunk_bytes(r) != 0)
+        this->reqs_.push_back(this->x_.irecv(rslot(r), this->layout_.chunk_bytes(r), r, base::tag_gather));
+    if (mine_bytes != 0)
+      for (int step = 1; step < p; ++step) this->reqs_.push_back(this->x_.isend(sslot(me), mine_bytes, (me + step) % p, base::tag_gather));
+    this->x_.wait_all(std::span(this->reqs_.data() + nrecv, this->reqs_.size() - nrecv));
+    for (int r = 0; r < p; ++r) {
+      if (r == me) continue;
+      for (const auto& pc : this->layout_.pieces(r)) this->codecs_[pc.layer].decompress(rslot(r) + pc.offset, pc.count, buf + pc.begin, ex);
+    }
+  }
+
+  error_feedback<T> ef_;
+  std::unique_ptr<std::byte[]> ws_;
+  std::size_t ws_bytes_ = 0;
+  std::size_t slot_ = 0;
+};
+
+}  // namespace cgx

@@ -1,0 +1,361 @@
+// layerwise_plan over MPI, at whatever rank count the test runs with (1..4): mixed
+// bits, uncompressed small and one-dimensional layers, the cut into chunks, identical
+// bits on all ranks, settings changes, error feedback and bad input. Expected values
+// are computed from size().
+#include <doctest/doctest.h>
+
+#include <cgx/cgx.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "mpi_test_util.hpp"
+
+namespace {
+
+using cgx::layer;
+using cgx::layer_setting;
+using cgx::comm::mpi;
+using cgx_test::identical_on_all_ranks;
+using cgx_test::inputs;
+using cgx_test::world_rank;
+using cgx_test::world_size;
+
+// A small network's fused gradient: weights of various sizes, biases, a gap (not a
+// layer: left alone) and layers listed out of offset order.
+std::vector<layer> model_layers() {
+  return {
+      {0, 5000, false},      // weights: compressed
+      {5000, 100, true},     // bias: uncompressed (one-dimensional)
+      {5100, 700, false},    // small weights: uncompressed (< 1024)
+      {9000, 3001, false},   // weights with a partial last bucket
+      {5800, 3000, false},   // listed after a later layer
+      {12001, 1, true},      // a single value
+      {12100, 2500, false},  // after a gap [12002, 12100)
+  };
+}
+constexpr std::size_t model_size = 14600;
+
+bool in_some_layer(const std::vector<layer>& ls, std::size_t i) {
+  return std::any_of(ls.begin(), ls.end(), [&](const layer& l) { return i >= l.offset && i < l.offset + l.count; });
+}
+
+// The values of the layers are the same bits on every rank (gaps hold each rank's own input).
+template <class T>
+bool layers_identical(std::vector<T> x, const std::vector<layer>& ls) {
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (!in_some_layer(ls, i)) x[i] = T(0);
+  return identical_on_all_ranks(x);
+}
+
+}  // namespace
+
+TEST_CASE("default settings follow CGX: small and one-dimensional layers uncompressed") {
+  const auto ls = model_layers();
+  const auto s = cgx::default_settings(ls, {.bits = 3, .bucket = 512, .min_compressed = 1024});
+  REQUIRE(s.size() == ls.size());
+  for (std::size_t i = 0; i < ls.size(); ++i) {
+    CAPTURE(i);
+    const bool raw = ls[i].one_dimensional || ls[i].count < 1024;
+    CHECK(s[i].bits == (raw ? 0 : 3));
+  }
+}
+
+TEST_CASE("the cut: chunks at bucket and layer boundaries, bytes add up to the layers' sizes") {
+  const auto ls = model_layers();
+  std::vector<layer_setting> s = cgx::default_settings(ls);
+  s[0] = {2, 128};
+  s[3] = {7, 512};
+  s[6] = {1, 1024};
+  for (int p = 1; p <= 7; ++p) {
+    CAPTURE(p);
+    cgx::layerwise_layout lay(model_size, ls);
+    lay.cut(s, p, &cgx::setting_bytes<float>);
+    std::size_t bytes = 0, values = 0;
+    std::vector<std::size_t> covered(ls.size(), 0);
+    for (int r = 0; r < p; ++r) {
+      std::size_t off = 0;
+      for (const auto& pc : lay.pieces(r)) {
+        const layer& l = ls[pc.layer];
+        CHECK(pc.begin >= l.offset);
+        CHECK(pc.begin + pc.count <= l.offset + l.count);
+        if (s[pc.layer].bits != 0) {
+          CHECK((pc.begin - l.offset) % s[pc.layer].bucket == 0);  // starts on a bucket boundary
+          const bool ends_layer = pc.begin + pc.count == l.offset + l.count;
+          CHECK((ends_layer || pc.count % s[pc.layer].bucket == 0));
+        }
+        CHECK(pc.offset == off);
+        off += pc.bytes;
+        covered[pc.layer] += pc.count;
+      }
+      CHECK(off == lay.chunk_bytes(r));
+      bytes += lay.chunk_bytes(r);
+      values += lay.chunk_count(r);
+      CHECK(lay.slot_bytes() >= lay.chunk_bytes(r));
+    }
+    std::size_t want_bytes = 0, want_values = 0;
+    for (std::size_t i = 0; i < ls.size(); ++i) {
+      CHECK(covered[i] == ls[i].count);
+      want_bytes += cgx::setting_bytes<float>(s[i], ls[i].count);
+      want_values += ls[i].count;
+    }
+    CHECK(bytes == want_bytes);  // pieces cut at bucket boundaries cost what the whole layer does
+    CHECK(values == want_values);
+  }
+}
+
+TEST_CASE("all layers uncompressed: the exact sum, MPI_Allreduce's on integer data; gaps untouched") {
+  const int r = world_rank();
+  const auto ls = model_layers();
+  for (int pass = 0; pass < 2; ++pass) {
+    cgx::layerwise_plan<double, mpi> plan{mpi{MPI_COMM_WORLD}, model_size, ls,
+                                          {.defaults = {.bits = 0}, .check = cgx::checking::collective}};
+    auto x = cgx_test::integer_inputs<double>(r, model_size);
+    const auto before = x;
+    const auto want = cgx_test::mpi_sum(x);
+    plan(x.data(), x.size());
+    std::size_t wrong = 0, touched_gap = 0;
+    for (std::size_t i = 0; i < model_size; ++i) {
+      if (in_some_layer(ls, i))
+        wrong += x[i] != want[i];
+      else
+        touched_gap += x[i] != before[i];
+    }
+    CHECK(wrong == 0);
+    CHECK(touched_gap == 0);
+  }
+}
+
+namespace {
+
+// Per-bucket units of every rank's input and of the exact sum, for the SRA bound with
+// nearest rounding: |got - sum| <= sum_r u_r / 2 + u_s / 2 (+ slack for fp rounding),
+// with u_s bounded by (range of the exact sum + sum_r u_r) / (2^b - 1).
+template <class T>
+std::size_t outside_bound(const std::vector<T>& got, const std::vector<layer>& ls,
+                          const std::vector<layer_setting>& s, std::uint64_t salt) {
+  const int p = world_size();
+  std::vector<std::vector<T>> in(static_cast<std::size_t>(p));
+  for (int q = 0; q < p; ++q) in[static_cast<std::size_t>(q)] = inputs<T>(q, got.size(), salt);
+  std::size_t bad = 0;
+  for (std::size_t li = 0; li < ls.size(); ++li) {
+    const layer& l = ls[li];
+    const std::size_t B = s[li].bits == 0 ? std::max<std::size_t>(l.count, 1) : s[li].bucket;
+    const double levels = s[li].bits == 0 ? 0.0 : std::ldexp(1.0, s[li].bits) - 1.0;
+    for (std::size_t b0 = 0; b0 < l.count; b0 += B) {
+      const std::size_t b1 = std::min(l.count, b0 + B);
+      double us = 0, smin = 1e300, smax = -1e300, mag = 0;
+      std::vector<double> exact(b1 - b0, 0.0);
+      for (int q = 0; q < p; ++q) {
+        const auto& v = in[static_cast<std::size_t>(q)];
+        double mn = 1e300, mx = -1e300;
+        for (std::size_t i = b0; i < b1; ++i) {
+          mn = std::min(mn, double(v[l.offset + i]));
+          mx = std::max(mx, double(v[l.offset + i]));
+          exact[i - b0] += double(v[l.offset + i]);
+          mag = std::max(mag, std::abs(double(v[l.offset + i])));
+        }
+        if (levels > 0) us += (mx - mn) / levels;
+      }
+      for (double e : exact) smin = std::min(smin, e), smax = std::max(smax, e);
+      const double u_sum = levels > 0 ? (smax - smin + us) / levels : 0.0;
+      const double slack = 64 * p * std::numeric_limits<T>::epsilon() * (mag * p + 1);
+      const double bound = us / 2 + u_sum / 2 + slack;
+      for (std::size_t i = b0; i < b1; ++i) bad += std::abs(double(got[l.offset + i]) - exact[i - b0]) > bound;
+    }
+  }
+  return bad;
+}
+
+}  // namespace
+
+TEST_CASE("mixed bits: within the SRA bound of each layer's setting, identical on all ranks, bytes as set") {
+  const int r = world_rank(), p = world_size();
+  const auto ls = model_layers();
+  auto s = cgx::default_settings(ls);
+  s[0] = {2, 128};
+  s[3] = {8, 512};
+  s[4] = {4, 1024};
+  s[6] = {1, 512};
+  cgx::layerwise_plan<float, mpi, cgx::quant::nearest> plan{mpi{MPI_COMM_WORLD}, model_size, ls,
+                                                            {.check = cgx::checking::collective}};
+  plan.set_settings(s);
+  auto x = inputs<float>(r, model_size, 11);
+  plan(x.data(), x.size());
+  CHECK(outside_bound(x, ls, s, 11) == 0);
+  CHECK(layers_identical(x, ls));
+
+  // Every rank sends its part once and its chunk's sum p - 1 times: over all ranks,
+  // 2 (p - 1) times the compressed size of the layers.
+  long long sent = static_cast<long long>(plan.bytes_sent()), total = 0;
+  MPI_Allreduce(MPI_IN_PLACE, &sent, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  std::size_t layers_bytes = 0;
+  for (std::size_t i = 0; i < ls.size(); ++i) layers_bytes += cgx::setting_bytes<float>(s[i], ls[i].count);
+  total = static_cast<long long>(2 * static_cast<std::size_t>(p - 1) * layers_bytes);
+  CHECK(sent == total);
+}
+
+TEST_CASE("stochastic rounding: identical on all ranks, uncompressed layers exact, over repeated calls") {
+  const int r = world_rank();
+  const auto ls = model_layers();
+  cgx::layerwise_plan<float, mpi> plan{mpi{MPI_COMM_WORLD}, model_size, ls, {.defaults = {.bits = 3, .bucket = 512}}};
+  for (int call = 0; call < 3; ++call) {
+    auto x = cgx_test::integer_inputs<float>(r, model_size);
+    const auto want = cgx_test::mpi_sum(x);
+    plan(x.data(), x.size());
+    CHECK(layers_identical(x, ls));
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < ls.size(); ++i)
+      if (plan.settings()[i].bits == 0)
+        for (std::size_t k = ls[i].offset; k < ls[i].offset + ls[i].count; ++k) wrong += x[k] != want[k];
+    CHECK(wrong == 0);
+  }
+  CHECK(plan.calls() == 3);
+}
+
+TEST_CASE("settings change between calls without reallocating; fewer bits, larger error") {
+  const int r = world_rank(), p = world_size();
+  const std::vector<layer> ls{{0, 40000, false}};
+  cgx::layerwise_plan<float, mpi, cgx::quant::nearest> plan{mpi{MPI_COMM_WORLD}, 40000, ls, {.defaults = {.bits = 8}}};
+  const std::size_t ws = plan.workspace_size();
+  CHECK(ws > 0);
+  double err[9] = {};
+  for (int bits : {8, 4, 2, 0}) {
+    plan.set_bits(0, bits);
+    CHECK(plan.workspace_size() == ws);  // sized for the uncompressed worst case
+    auto x = inputs<float>(r, 40000, 5);
+    const auto want = cgx_test::mpi_sum(inputs<double>(r, 40000, 5));
+    plan(x.data(), x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) err[bits] = std::max(err[bits], std::abs(double(x[i]) - want[i]));
+  }
+  if (p > 1) {
+    CHECK(err[8] < err[4]);
+    CHECK(err[4] < err[2]);
+  }
+  CHECK(err[0] < 1e-4);  // float rounding of the sum only
+}
+
+TEST_CASE("error feedback: the mean over calls converges to the sum; reset; memory") {
+  const int r = world_rank(), p = world_size();
+  const std::vector<layer> ls{{0, 8192, false}, {8192, 50, true}};
+  const std::size_t n = 8242;
+  const int calls = 24;
+  auto mean_error = [&](bool ef) {
+    cgx::layerwise_plan<double, mpi, cgx::quant::nearest> plan{
+        mpi{MPI_COMM_WORLD}, n, ls, {.defaults = {.bits = 2, .bucket = 512}, .error_feedback = ef}};
+    CHECK(plan.feedback().memory_bytes() == (ef ? n * sizeof(double) : 0));
+    const auto x0 = inputs<double>(r, n, 9);
+    const auto want = cgx_test::mpi_sum(x0);
+    std::vector<double> acc(n, 0.0);
+    for (int c = 0; c < calls; ++c) {
+      auto x = x0;
+      plan(x.data(), n);
+      for (std::size_t i = 0; i < n; ++i) acc[i] += x[i];
+    }
+    double worst = 0;
+    for (std::size_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(acc[i] / calls - want[i]));
+    if (ef) {
+      bool nonzero = false;
+      for (double e : plan.feedback().residual()) nonzero = nonzero || e != 0.0;
+      CHECK(nonzero == (p > 1));
+      plan.reset_error_feedback();
+      for (double e : plan.feedback().residual()) REQUIRE(e == 0.0);
+    }
+    return worst;
+  };
+  const double without = mean_error(false), with = mean_error(true);
+  CAPTURE(without);
+  CAPTURE(with);
+  if (p > 1) {
+    // Nearest rounding repeats the same error every call; with error feedback the
+    // errors telescope: the mean is off by at most (|last residuals|) / calls.
+    CHECK(with < 0.25 * without);
+  } else {
+    CHECK(with < 1e-12);  // one rank: nothing is quantized
+    CHECK(without < 1e-12);
+  }
+}
+
+TEST_CASE("error_feedback<T> over a compile-time quantizer: decoded values average to the input") {
+  // 2 bits: nearest rounding's error (range / 6) is a contraction of the residual, so it
+  // stays bounded (1-bit max-min is not, and its residual may grow).
+  using Q = cgx::quant::maxmin<2, 128, cgx::quant::nearest>;
+  const std::size_t n = 1000;
+  const auto x0 = inputs<float>(0, n, 3);
+  cgx::error_feedback<float> ef(n);
+  CHECK(ef.memory_bytes() == n * sizeof(float));
+  std::vector<std::byte> wire(Q::compressed_bytes<float>(n));
+  std::vector<double> acc(n, 0.0);
+  std::vector<float> dec(n);
+  const int calls = 50;
+  double first_err = 0;
+  for (int c = 0; c < calls; ++c) {
+    auto x = x0;
+    ef.compress<Q>(x.data(), 0, n, wire.data());
+    Q::decompress<float>(wire.data(), n, dec.data());
+    for (std::size_t i = 0; i < n; ++i) {
+      acc[i] += dec[i];
+      if (c == 0) first_err = std::max(first_err, std::abs(double(dec[i]) - x0[i]));
+    }
+  }
+  double worst = 0, res = 0;
+  for (std::size_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(acc[i] / calls - x0[i]));
+  for (float e : ef.residual()) res = std::max(res, double(std::abs(e)));
+  CHECK(worst <= res / calls + 1e-5);  // telescoping: sum of decodes = calls * x - last residual
+  CHECK(worst < first_err / 10);
+  ef.reset();
+  for (float e : ef.residual()) CHECK(e == 0.0f);
+}
+
+TEST_CASE("bad input throws cgx::error and leaves the buffer untouched") {
+  const int r = world_rank(), p = world_size();
+  const auto ls = model_layers();
+  using plan_t = cgx::layerwise_plan<float, mpi>;
+  // Layouts.
+  CHECK_THROWS_AS(plan_t(mpi{MPI_COMM_WORLD}, 100, {{0, 60, false}, {50, 20, false}}), cgx::error);
+  CHECK_THROWS_AS(plan_t(mpi{MPI_COMM_WORLD}, 100, {{90, 11, false}}), cgx::error);
+  CHECK_THROWS_AS(plan_t(mpi{MPI_COMM_WORLD}, 100, {{101, 0, false}}), cgx::error);
+  CHECK_THROWS_AS(plan_t(mpi{MPI_COMM_WORLD}, 100, {{0, 100, false}}, {.defaults = {.bits = 9, .min_compressed = 0}}), cgx::error);
+
+  plan_t plan{mpi{MPI_COMM_WORLD}, model_size, ls, {.check = cgx::checking::collective}};
+  const auto before = plan.settings();
+  CHECK_THROWS_AS(plan.set_bits(0, 9), cgx::error);
+  CHECK_THROWS_AS(plan.set_bits(0, -1), cgx::error);
+  CHECK_THROWS_AS(plan.set_bits(99, 4), cgx::error);
+  auto s = before;
+  s[0].bucket = 100;
+  CHECK_THROWS_AS(plan.set_settings(s), cgx::error);
+  s.pop_back();
+  CHECK_THROWS_AS(plan.set_settings(s), cgx::error);
+  CHECK(plan.settings() == before);  // unchanged by the failed calls
+
+  auto x = inputs<float>(r, model_size);
+  const auto orig = x;
+  CHECK_THROWS_AS(plan(nullptr, model_size), cgx::error);
+  CHECK_THROWS_AS(plan(x.data(), model_size - 1), cgx::error);
+  CHECK(x == orig);
+  // One rank passes bad arguments: every rank throws, nobody moves data.
+  try {
+    plan(r == p - 1 ? nullptr : x.data(), model_size);
+    FAIL("no throw");
+  } catch (const cgx::error& e) {
+    CHECK(e.code() == cgx::errc::invalid_argument);
+  }
+  CHECK(x == orig);
+  if (p > 1) {
+    // Ranks disagree on a layer's bits: mismatch on every rank, buffer untouched.
+    if (r == 0) plan.set_bits(0, 2);
+    try {
+      plan(x.data(), model_size);
+      FAIL("no throw");
+    } catch (const cgx::error& e) {
+      CHECK(e.code() == cgx::errc::mismatch);
+    }
+    CHECK(x == orig);
+    plan.set_settings(before);
+  }
+  plan(x.data(), model_size);  // still usable
+  CHECK(layers_identical(x, ls));
+}
