@@ -21,8 +21,9 @@
 // --bits 32 (float) or 64 (double) is the uncompressed passthrough. busbw is computed
 // on the uncompressed size: algbw * 2(p-1)/p. Each iteration restores the input, so
 // every call reduces the same data; the time of an iteration is the maximum over
-// ranks; a row reports the median over iterations. cgx and MPI_Allreduce alternate
-// iteration by iteration so that both see the same machine noise.
+// ranks; a row reports the median over iterations. cgx and MPI_Allreduce (default and
+// ring) run in every iteration, in an order that rotates from one iteration to the
+// next, so that all see the same machine noise and none is favoured by its position.
 #include <cgx/cgx.hpp>
 #include <cgx/model.hpp>
 
@@ -329,23 +330,20 @@ int run(const options& o, int rank, int p) {
       if (rank == 0) std::fprintf(stderr, "\r[bench] %zu bytes, %d bits ...      ", n * sizeof(T), o.bits[k]);
       std::vector<double> tc, tm, tr;
       for (int it = 0; it < o.warmup + o.iters; ++it) {
-        std::memcpy(work.data(), input.data(), n * sizeof(T));
-        std::memcpy(mpi_work.data(), input.data(), n * sizeof(T));
-        MPI_Barrier(MPI_COMM_WORLD);
-        double t0 = MPI_Wtime();
-        plans[k](work.data(), n);
-        double t = MPI_Wtime() - t0;
-        MPI_Barrier(MPI_COMM_WORLD);
-        t0 = MPI_Wtime();
-        MPI_Allreduce(MPI_IN_PLACE, mpi_work.data(), static_cast<int>(n), mt, MPI_SUM, MPI_COMM_WORLD);
-        double tb = MPI_Wtime() - t0;
-        double tring = 0;
-        if (ring_comm != MPI_COMM_NULL) {
-          std::memcpy(mpi_work.data(), input.data(), n * sizeof(T));
+        // Each of the three is timed between barriers on freshly restored data; their
+        // order rotates with the iteration, so that none always goes first (right after
+        // the barrier that follows the restore) or last.
+        double t = 0, tb = 0, tring = 0;
+        for (int slot = 0; slot < 3; ++slot) {
+          const int which = (slot + it) % 3;
+          if (which == 2 && ring_comm == MPI_COMM_NULL) continue;
+          T* data = which == 0 ? work.data() : mpi_work.data();
+          std::memcpy(data, input.data(), n * sizeof(T));
           MPI_Barrier(MPI_COMM_WORLD);
-          t0 = MPI_Wtime();
-          MPI_Allreduce(MPI_IN_PLACE, mpi_work.data(), static_cast<int>(n), mt, MPI_SUM, ring_comm);
-          tring = MPI_Wtime() - t0;
+          const double t0 = MPI_Wtime();
+          if (which == 0) plans[k](data, n);
+          else MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), mt, MPI_SUM, which == 1 ? MPI_COMM_WORLD : ring_comm);
+          (which == 0 ? t : which == 1 ? tb : tring) = MPI_Wtime() - t0;
         }
         double all[3] = {t, tb, tring};
         MPI_Allreduce(MPI_IN_PLACE, all, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);

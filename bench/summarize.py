@@ -54,7 +54,7 @@ def main():
     for f in sorted(os.listdir(d)):
         if not f.endswith(".json"):
             continue
-        recs = [r for r in load(d, f) if r["bits"] not in (32, 64)]
+        recs = [r for r in load(d, f) if "speedup" in r and r["bits"] not in (32, 64)]
         if not recs:
             continue
         sizes = sorted({r["bytes"] for r in recs})

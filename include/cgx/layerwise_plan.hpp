@@ -34,6 +34,7 @@
 #include "error.hpp"
 #include "error_feedback.hpp"
 #include "layerwise.hpp"
+#include "plan_common.hpp"
 #include "quant/host_exec.hpp"
 #include "quant/rounding.hpp"
 
@@ -67,12 +68,6 @@ host_codec<T> make_host_codec(const layer_setting& s) {
   });
 }
 
-/// FNV-1a over 64-bit words: a signature ranks compare to agree on a layout.
-struct signature_hash {
-  std::uint64_t h = 1469598103934665603ull;
-  void mix(std::uint64_t v) { h = (h ^ v) * 1099511628211ull; }
-  std::int64_t value() const { return static_cast<std::int64_t>(h >> 1); }
-};
 
 
 /// What the host and device layer-wise plans share: the transport, the layout and its

@@ -12,15 +12,18 @@
 /// Ranks are placed on nodes in rank order.
 ///
 /// For a buffer of S bytes, compressed size c = S / ratio (quant::maxmin's exact size),
-/// p = N L ranks (N nodes of L), the model adds, without overlap:
+/// p = N L ranks (N nodes of L), the model adds (less what overlaps: the CPU cost of
+/// moving bytes overlaps the wire; the pipelined SRA also overlaps its quantizer):
 ///   latency  rounds * alpha (alpha of inter when N > 1, else intra);
-///   wire     node NIC time  max(bytes out, bytes in) of one node / inter bandwidth
+///   wire     node NIC time  (bytes out of one node - burst) / inter bandwidth
 ///            + intra time   (node's intra bytes if shared, else one rank's) / intra bandwidth;
 ///   compute  bytes (de)compressed or added by one rank over that rank's throughput,
-///            the one-core throughputs scaled by min(1, cores_per_node / L).
+///            plus the CPU cost of the bytes it sends (cpu_s_per_byte), the one-core
+///            figures scaled by min(1, cores_per_node / L).
 /// Per reducer (see the reducers' own files for the schedules):
 ///   sra          2 rounds of p - 1 messages of c/p to every peer: 2 (p-1) c/p sent per rank;
-///                compress S, decompress-add (p-1)/p S, decompress S.
+///                compress S, decompress-add (p-1)/p S, decompress S; pipelined in K
+///                pieces per chunk, so all but 1/(K+1) of min(wire, compute) overlaps.
 ///   ring         2 (p-1) rounds of c/p to the right neighbour (one rank per node crosses
 ///                the NIC); same compute as sra, in p - 1 dependent steps.
 ///   tree         2 log2 q rounds of c/2, c/4, ... (q = 2^floor(log2 p); partners at distance
@@ -45,10 +48,13 @@
 
 namespace cgx::model {
 
-/// A link: per-message latency (seconds) and bandwidth (bytes per second, each direction).
+/// A link: per-message latency (seconds), bandwidth (bytes per second, each direction),
+/// and the bytes it passes at once before the rate applies (a token bucket's burst;
+/// 0 for a plain link).
 struct link {
   double alpha_s;
   double bytes_per_s;
+  double burst_bytes = 0;
 };
 
 /// A machine: its links and the throughputs of one core (bytes of input per second).
@@ -64,6 +70,9 @@ struct machine {
   double decompress_bps;         ///< decompress
   double decompress_add_bps;     ///< decompress-add
   double add_bps;                ///< the uncompressed reduction y[i] += x[i]
+  /// CPU seconds one core spends per byte a rank sends (kernel TCP copies on both ends,
+  /// shared-memory copies); 0 where the network offloads (RDMA, NCCL on GPUs).
+  double cpu_s_per_byte = 0;
 };
 
 /// What is reduced.
@@ -99,7 +108,8 @@ struct prediction {
   double latency_s = 0;
   double wire_s = 0;
   double compute_s = 0;
-  [[nodiscard]] double total_s() const noexcept { return latency_s + wire_s + compute_s; }
+  double overlap_s = 0;  ///< wire and compute time that run at the same time
+  [[nodiscard]] double total_s() const noexcept { return latency_s + wire_s + compute_s - overlap_s; }
 };
 
 /// Compression ratio S / c of quant::maxmin<bits, bucket> (1 for bits == 0).
@@ -160,10 +170,15 @@ inline traffic tree_traffic(double c, int p, int L) {
   return t;
 }
 
+inline double over(double bytes, const link& l) { return std::max(0.0, bytes - l.burst_bytes) / l.bytes_per_s; }
+
 inline double wire_time(const traffic& t, const machine& m) {
   const double intra = m.intra_shared ? t.node_intra : t.rank_intra;
-  return t.node_out / m.inter.bytes_per_s + intra / m.intra.bytes_per_s;
+  return over(t.node_out, m.inter) + over(intra, m.intra);
 }
+
+/// Pieces per chunk of the pipelined SRA (scatter_reduce_allgather::schedule::pieces).
+inline double sra_pieces(double bytes, int p) { return std::clamp(std::floor(bytes / p / (1 << 20)), 1.0, 8.0); }
 
 }  // namespace detail
 
@@ -182,6 +197,9 @@ inline prediction predict(algorithm a, const problem& pr, const machine& m) {
   const double C = m.compress_bps * share, D = m.decompress_bps * share, DA = m.decompress_add_bps * share,
                A = m.add_bps * share;
   const double alpha = N > 1 ? m.inter.alpha_s : m.intra.alpha_s;
+  // CPU time of moving `sent` bytes out of one rank (and into another).
+  auto net_cpu = [&](double sent) { return sent * m.cpu_s_per_byte / share; };
+  auto rank_sent = [&](const detail::traffic& t) { return t.node_out / L + t.rank_intra; };
   const double c = a == algorithm::mpi_ring ? S : S / compression_ratio(pr);
   // Compute of one compressed flat schedule over P ranks on `bytes`.
   auto flat_compute = [&](double bytes, int P) {
@@ -193,7 +211,9 @@ inline prediction predict(algorithm a, const problem& pr, const machine& m) {
       const auto t = detail::ring_traffic(c, p, L);
       out.latency_s = t.rounds * alpha;
       out.wire_s = detail::wire_time(t, m);
-      out.compute_s = S * (p - 1) / p / A;
+      const double cpu = net_cpu(rank_sent(t));  // moves with the bytes: overlaps the wire
+      out.compute_s = S * (p - 1) / p / A + cpu;
+      out.overlap_s = std::min(out.wire_s, cpu);
       break;
     }
     case algorithm::sra:
@@ -204,7 +224,16 @@ inline prediction predict(algorithm a, const problem& pr, const machine& m) {
                                             : detail::tree_traffic(c, p, L);
       out.latency_s = t.rounds * alpha;
       out.wire_s = detail::wire_time(t, m);
-      out.compute_s = flat_compute(S, p) + (a == algorithm::tree && p > detail::pow2_floor(p) ? S / C + S / DA : 0);
+      const double cpu = net_cpu(rank_sent(t));
+      out.compute_s = flat_compute(S, p) + (a == algorithm::tree && p > detail::pow2_floor(p) ? S / C + S / DA : 0) + cpu;
+      if (a == algorithm::sra && pr.bits != 0) {
+        // Pipelined: compute and transfer of different pieces overlap; what does not
+        // overlap is about one piece's share of the smaller of the two.
+        const double K = detail::sra_pieces(S, p);
+        out.overlap_s = std::min(out.wire_s, out.compute_s) * K / (K + 1);
+      } else {
+        out.overlap_s = std::min(out.wire_s, cpu);
+      }
       break;
     }
     case algorithm::hierarchical: {
@@ -224,7 +253,12 @@ inline prediction predict(algorithm a, const problem& pr, const machine& m) {
       t2n.node_out = L * t2.node_out;
       out.latency_s = t1.rounds * m.intra.alpha_s + t2.rounds * m.inter.alpha_s + t3.rounds * m.intra.alpha_s;
       out.wire_s = detail::wire_time(t1, m) + detail::wire_time(t2n, m) + detail::wire_time(t3, m);
-      out.compute_s = (L - 1) * S / L / A + (N > 1 ? flat_compute(S / L, N) : 0);
+      // The three phases run one after the other; in each, the CPU cost of moving the
+      // bytes overlaps that phase's wire time only.
+      const double c1 = net_cpu(rank_sent(t1)), c2 = net_cpu(rank_sent(t2n) / L), c3 = net_cpu(rank_sent(t3));
+      out.compute_s = (L - 1) * S / L / A + (N > 1 ? flat_compute(S / L, N) : 0) + c1 + c2 + c3;
+      out.overlap_s = std::min(detail::wire_time(t1, m), c1) + std::min(detail::wire_time(t2n, m), c2) +
+                      std::min(detail::wire_time(t3, m), c3);
       break;
     }
   }
@@ -233,21 +267,25 @@ inline prediction predict(algorithm a, const problem& pr, const machine& m) {
 
 /// Named machine profiles: the emulated networks of bench/ (checked against
 /// measurements) and typical clusters (assumed figures, stated in `description`).
-/// Throughputs of the emulated ones are those bench/quant_bench measured on the
-/// development machine (docs/results/README.md).
+/// The emulated ones use figures measured on the development machine, none of them
+/// fitted to the allreduce times the model is checked against: the quantizer and add
+/// throughputs of bench/quant_bench (docs/results/quant-host.txt: 4-bit stochastic
+/// compress 7.9 GB/s, decompress 9.9, decompress-add 10.1, y += x 7.4), the tbf rate
+/// and bucket of the namespace scripts, shared-memory bandwidth and CPU cost per byte
+/// from the uncompressed cgx rows of shm-mpi.json and tcp-unlimited.json (64 MiB).
 inline constexpr std::array<machine, 8> profiles{{
     {"loopback-1gbit", "one 2-core host, ranks share a 1 Gbit/s tbf loopback (bench/netns-run 1gbit)",
-     {50e-6, 125e6}, {50e-6, 125e6}, true, 1 << 20, 2, 4.0e9, 8.0e9, 6.0e9, 6.0e9},
+     {50e-6, 125e6, 262144}, {50e-6, 125e6, 262144}, true, 1 << 20, 2, 7.9e9, 9.9e9, 10.1e9, 7.4e9, 0.9e-9},
     {"loopback-10gbit", "one 2-core host, ranks share a 10 Gbit/s tbf loopback (bench/netns-run 10gbit)",
-     {50e-6, 1.25e9}, {50e-6, 1.25e9}, true, 1 << 20, 2, 4.0e9, 8.0e9, 6.0e9, 6.0e9},
+     {50e-6, 1.25e9, 2.5e6}, {50e-6, 1.25e9, 2.5e6}, true, 1 << 20, 2, 7.9e9, 9.9e9, 10.1e9, 7.4e9, 0.9e-9},
     {"cluster-1gbit", "emulated nodes of 2 ranks on one 2-core host, 1 Gbit/s per node link (bench/netns-cluster)",
-     {60e-6, 125e6}, {5e-6, 4e9}, true, 2, 1, 4.0e9, 8.0e9, 6.0e9, 6.0e9},
+     {60e-6, 125e6, 262144}, {5e-6, 3.5e9}, true, 2, 1, 7.9e9, 9.9e9, 10.1e9, 7.4e9, 0.9e-9},
     {"eth-10g", "10 Gbit/s Ethernet, 1 rank per node (CPU), 25 us",
-     {25e-6, 1.25e9}, {1e-6, 20e9}, true, 1, 16, 6.0e9, 10.0e9, 8.0e9, 8.0e9},
+     {25e-6, 1.25e9}, {1e-6, 20e9}, true, 1, 16, 6.0e9, 10.0e9, 8.0e9, 8.0e9, 0.3e-9},
     {"eth-25g", "25 Gbit/s Ethernet, 1 rank per node (CPU), 15 us",
-     {15e-6, 3.125e9}, {1e-6, 20e9}, true, 1, 16, 6.0e9, 10.0e9, 8.0e9, 8.0e9},
+     {15e-6, 3.125e9}, {1e-6, 20e9}, true, 1, 16, 6.0e9, 10.0e9, 8.0e9, 8.0e9, 0.3e-9},
     {"eth-100g", "100 Gbit/s Ethernet/InfiniBand, 1 rank per node (CPU), 5 us",
-     {5e-6, 12.5e9}, {1e-6, 20e9}, true, 1, 16, 6.0e9, 10.0e9, 8.0e9, 8.0e9},
+     {5e-6, 12.5e9}, {1e-6, 20e9}, true, 1, 16, 6.0e9, 10.0e9, 8.0e9, 8.0e9, 0.3e-9},
     {"pcie-8gpu-25g", "8 GPUs per node on PCIe 4 (no NVLink), 25 Gbit/s between nodes; GPU quantizer (assumed)",
      {15e-6, 3.125e9}, {10e-6, 20e9}, true, 8, 8, 400e9, 800e9, 600e9, 800e9},
     {"pcie-8gpu-100g", "8 GPUs per node on PCIe 4 (no NVLink), 100 Gbit/s between nodes; GPU quantizer (assumed)",
