@@ -5,8 +5,7 @@
 
 writes OUT_PREFIX-speedup.png (speedup over MPI_Allreduce against message size, one
 line per link and bit width) and OUT_PREFIX-busbw.png (bus bandwidth of cgx, and of
-MPI_Allreduce as a dashed line per link). --bits B keeps only that bit width (and the
-uncompressed rows). Needs python3-matplotlib (Debian).
+MPI_Allreduce as a dashed line per link). --bits B keeps only the rows of that bit width. Needs python3-matplotlib (Debian).
 """
 import json
 import sys
