@@ -8,12 +8,13 @@
 /// compiler targets plain x86-64.
 ///
 /// Where AVX2 is enabled, float buckets are encoded by avx2::encode32 (32 positions per
-/// iteration, codes narrowed to bytes before packing, four Philox chains interleaved)
-/// and plane bytes are widened with vpmovzxbd (the vector extension's conversion of
-/// bytes was scalarized by GCC 12). Measured on a 2-core AMD EPYC (Zen 3), one thread,
-/// bucket 1024, 4 bits, data in L1: compress/nearest ~26 GB/s, compress/stochastic
-/// ~9 GB/s (Philox4x32-10 bound: 10 rounds x 4 vpmuludq per 8 positions), decode ~45 GB/s;
-/// a streaming read of one core is ~18-20 GB/s. bench/quant_bench.cpp measures it.
+/// iteration, codes narrowed to bytes before packing, Philox run in 64-bit lanes, see
+/// avx2::philox8) and plane bytes are widened with vpmovzxbd (the vector extension's
+/// conversion of bytes was scalarized by GCC 12). Measured on a 2-core AMD EPYC (Zen 3),
+/// one thread, bucket 1024, 4 bits, 1 MiB of input (L2/L3): compress/nearest ~25 GB/s,
+/// compress/stochastic ~10 GB/s with Philox4x32-7 (~7.8 GB/s with 10 rounds: the rounds
+/// are most of its cost, 2 vpmuludq per 4 positions each), decode ~45 GB/s; a streaming
+/// read of one core from memory is ~15-19 GB/s. bench/quant_bench.cpp measures it.
 
 #include <cstddef>
 #include <cstdint>
@@ -179,13 +180,13 @@ CGX_FORCEINLINE void mul_hi_lo(U a, std::uint32_t m, U& hi, U& lo) {
   lo = __builtin_convertvector(p, U);
 }
 
-/// Philox4x32-10 on `lanes` counters at once (same rounds as philox4x32).
+/// Philox4x32 (stochastic_philox_rounds rounds) on `lanes` counters at once, as philox4x32.
 template <class U>
 CGX_FORCEINLINE void philox_lanes(U (&c)[4], std::uint32_t k0, std::uint32_t k1) {
   constexpr std::uint32_t m0 = 0xD2511F53u, m1 = 0xCD9E8D57u;
   constexpr std::uint32_t w0 = 0x9E3779B9u, w1 = 0xBB67AE85u;
   CGX_UNROLL
-  for (int r = 0; r < 10; ++r) {
+  for (int r = 0; r < stochastic_philox_rounds; ++r) {
     U h0, l0, h1, l1;
     mul_hi_lo(c[0], m0, h0, l0);
     mul_hi_lo(c[2], m1, h1, l1);
@@ -195,31 +196,6 @@ CGX_FORCEINLINE void philox_lanes(U (&c)[4], std::uint32_t k0, std::uint32_t k1)
     c[1] = l1;
     c[2] = n2;
     c[3] = l0;
-    k0 += w0;
-    k1 += w1;
-  }
-}
-
-/// Philox4x32-10 on G independent groups of lanes, rounds interleaved so that the
-/// multiplier latency of one group hides behind the others.
-template <int G, class U>
-CGX_FORCEINLINE void philox_groups(U (&c)[G][4], std::uint32_t k0, std::uint32_t k1) {
-  constexpr std::uint32_t m0 = 0xD2511F53u, m1 = 0xCD9E8D57u;
-  constexpr std::uint32_t w0 = 0x9E3779B9u, w1 = 0xBB67AE85u;
-  CGX_UNROLL
-  for (int r = 0; r < 10; ++r) {
-    CGX_UNROLL
-    for (int g = 0; g < G; ++g) {
-      U h0, l0, h1, l1;
-      mul_hi_lo(c[g][0], m0, h0, l0);
-      mul_hi_lo(c[g][2], m1, h1, l1);
-      const U n0 = h1 ^ c[g][1] ^ k0;
-      const U n2 = h0 ^ c[g][3] ^ k1;
-      c[g][0] = n0;
-      c[g][1] = l1;
-      c[g][2] = n2;
-      c[g][3] = l0;
-    }
     k0 += w0;
     k1 += w1;
   }
@@ -254,6 +230,92 @@ CGX_FORCEINLINE __m256i pack_plane(const __m256i (&cb)[8]) {
   return acc;
 }
 
+/// Philox4x32 (stochastic_philox_rounds rounds, as philox4x32) of the counters (j + l, first, counter) of the
+/// 8G positions l = 0..8G-1; on return w[g][i] holds output word i of position j + 8g + l
+/// in 32-bit lane l. vpmuludq multiplies the low halves of 64-bit lanes into full 64-bit
+/// products, so the rounds run there: per group, one register carries the even positions
+/// and one the odd, each in the low halves of its 64-bit lanes. A product then *is* the
+/// (lo, hi) pair a round needs: its low half is the new word, a 64-bit shift gives the
+/// high half, and the high halves of the state carry bits that no multiply and no output
+/// reads. Splitting and re-joining the halves (two blends and two shifts per product) is
+/// done once per call instead of once per round. Words 1..3 of every counter are equal
+/// across positions, so the first round's multiply of word 2 and the second round's of
+/// word 0 are scalar.
+template <int G>
+CGX_FORCEINLINE void philox8(__m256i (&w)[G][4], std::uint32_t j, std::uint64_t first, std::uint32_t counter,
+                             std::uint32_t k0, std::uint32_t k1) {
+  constexpr std::uint32_t m0 = 0xD2511F53u, m1 = 0xCD9E8D57u;
+  constexpr std::uint32_t w0 = 0x9E3779B9u, w1 = 0xBB67AE85u;
+  constexpr int H = 2 * G;  // registers: even and odd positions of each group
+  const __m256i M0 = _mm256_set1_epi32(static_cast<int>(m0)), M1 = _mm256_set1_epi32(static_cast<int>(m1));
+  const auto splat32 = [](std::uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); };
+  const auto mul = [](std::uint32_t a, std::uint32_t b) { return static_cast<std::uint64_t>(a) * b; };
+  __m256i c[H][4];
+  // Round 1: word 2 (first >> 32) is the same for all positions: its product is scalar,
+  // and so is the new word 0 and word 1.
+  const std::uint64_t q1 = mul(m1, static_cast<std::uint32_t>(first >> 32));
+  const std::uint32_t r1w0 = static_cast<std::uint32_t>(q1 >> 32) ^ static_cast<std::uint32_t>(first) ^ k0;
+  const std::uint32_t r1w1 = static_cast<std::uint32_t>(q1);
+  {
+    const __m256i ids = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i x3k = splat32(counter ^ k1);
+    CGX_UNROLL
+    for (int g = 0; g < G; ++g) {
+      const __m256i pos = _mm256_add_epi32(ids, splat32(j + 8u * static_cast<std::uint32_t>(g)));
+      const __m256i half[2] = {pos, _mm256_srli_epi64(pos, 32)};
+      CGX_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const __m256i p0 = _mm256_mul_epu32(half[h], M0);
+        c[2 * g + h][2] = _mm256_xor_si256(_mm256_srli_epi64(p0, 32), x3k);
+        c[2 * g + h][3] = p0;
+      }
+    }
+  }
+  k0 += w0;
+  k1 += w1;
+  // Round 2: word 0 is the scalar r1w0, so its product is scalar too.
+  {
+    const std::uint64_t q0 = mul(m0, r1w0);
+    const __m256i x1k = splat32(r1w1 ^ k0);
+    const __m256i h0k = splat32(static_cast<std::uint32_t>(q0 >> 32) ^ k1);
+    const __m256i l0 = splat32(static_cast<std::uint32_t>(q0));
+    CGX_UNROLL
+    for (int t = 0; t < H; ++t) {
+      const __m256i p1 = _mm256_mul_epu32(c[t][2], M1);
+      const __m256i n0 = _mm256_xor_si256(_mm256_srli_epi64(p1, 32), x1k);
+      const __m256i n2 = _mm256_xor_si256(c[t][3], h0k);
+      c[t][0] = n0;
+      c[t][1] = p1;
+      c[t][2] = n2;
+      c[t][3] = l0;
+    }
+  }
+  k0 += w0;
+  k1 += w1;
+  static_assert(stochastic_philox_rounds >= 2);
+  CGX_UNROLL
+  for (int r = 2; r < stochastic_philox_rounds; ++r) {
+    const __m256i K0 = splat32(k0), K1 = splat32(k1);
+    CGX_UNROLL
+    for (int t = 0; t < H; ++t) {
+      const __m256i p0 = _mm256_mul_epu32(c[t][0], M0);
+      const __m256i p1 = _mm256_mul_epu32(c[t][2], M1);
+      const __m256i n0 = _mm256_xor_si256(_mm256_srli_epi64(p1, 32), _mm256_xor_si256(c[t][1], K0));
+      const __m256i n2 = _mm256_xor_si256(_mm256_srli_epi64(p0, 32), _mm256_xor_si256(c[t][3], K1));
+      c[t][0] = n0;
+      c[t][1] = p1;
+      c[t][2] = n2;
+      c[t][3] = p0;
+    }
+    k0 += w0;
+    k1 += w1;
+  }
+  CGX_UNROLL
+  for (int g = 0; g < G; ++g)
+    CGX_UNROLL
+    for (int i = 0; i < 4; ++i) w[g][i] = _mm256_blend_epi32(c[2 * g][i], _mm256_slli_epi64(c[2 * g + 1][i], 32), 0xAA);
+}
+
 /// Rounding offsets of slice k for the 8 positions whose Philox outputs are w[0..3].
 CGX_FORCEINLINE __m256 offset16(const __m256i (&w)[4], int k) {
   const __m256i h = (k & 1) ? _mm256_srli_epi32(w[k >> 1], 16) : _mm256_and_si256(w[k >> 1], _mm256_set1_epi32(0xffff));
@@ -274,7 +336,6 @@ inline std::uint32_t encode32(const float* CGX_RESTRICT x, std::uint32_t S, floa
   const __m256 vmn = _mm256_set1_ps(mn), vinv = _mm256_set1_ps(inv);
   const __m256 vL = _mm256_set1_ps(static_cast<float>(detail::levels<Bits>));
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  const __m256i lane_ids = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const std::uint32_t k0 = static_cast<std::uint32_t>(rng.seed) ^ rng.stream;
   const std::uint32_t k1 = static_cast<std::uint32_t>(rng.seed >> 32);
   for (std::uint32_t j = 0; j < Sv; j += 8 * G) {
@@ -284,19 +345,11 @@ inline std::uint32_t encode32(const float* CGX_RESTRICT x, std::uint32_t S, floa
     }
     __m256i w[G][4];
     if constexpr (std::is_same_v<Rounding, stochastic>) {
-      typedef std::uint32_t U __attribute__((vector_size(32)));
-      U c[G][4];
+      // two groups at a time: their 16 state registers fit the register file
       CGX_UNROLL
-      for (int g = 0; g < G; ++g) {
-        c[g][0] = reinterpret_cast<U>(_mm256_add_epi32(lane_ids, _mm256_set1_epi32(static_cast<int>(j + 8 * g))));
-        c[g][1] = splat<U>(static_cast<std::uint32_t>(first));
-        c[g][2] = splat<U>(static_cast<std::uint32_t>(first >> 32));
-        c[g][3] = splat<U>(rng.counter);
-      }
-      philox_groups<G>(c, k0, k1);  // 4 independent chains hide the multiplier latency
-      CGX_UNROLL
-      for (int g = 0; g < G; ++g)
-        for (int i = 0; i < 4; ++i) w[g][i] = reinterpret_cast<__m256i>(c[g][i]);
+      for (int g = 0; g < G; g += 2)
+        philox8<2>(reinterpret_cast<__m256i(&)[2][4]>(w[g]), j + 8u * static_cast<std::uint32_t>(g), first,
+                   rng.counter, k0, k1);
     }
     __m256i cb[8];
     CGX_UNROLL

@@ -66,8 +66,8 @@
 ///
 /// # Random bits of stochastic rounding
 ///
-/// Position j of a bucket whose first value has global index P draws one Philox4x32-10
-/// block: counter {j, lo32(P), hi32(P), rng.counter}, key {lo32(seed) ^ stream,
+/// Position j of a bucket whose first value has global index P draws one Philox4x32-7
+/// block (stochastic_philox_rounds, philox.hpp): counter {j, lo32(P), hi32(P), rng.counter}, key {lo32(seed) ^ stream,
 /// hi32(seed)}. Value j + k S uses the 16-bit half (k & 1) of word k / 2 as
 /// u = half * 2^-16. So u depends only on (seed, stream, counter, P, j, k).
 
@@ -299,7 +299,7 @@ struct rounding_offsets<stochastic> {
                                                    std::uint32_t j) {
     const philox_block c{{j, static_cast<std::uint32_t>(bucket_first),
                           static_cast<std::uint32_t>(bucket_first >> 32), s.counter}};
-    r = philox4x32<10>(c, static_cast<std::uint32_t>(s.seed) ^ s.stream, static_cast<std::uint32_t>(s.seed >> 32));
+    r = philox4x32<stochastic_philox_rounds>(c, static_cast<std::uint32_t>(s.seed) ^ s.stream, static_cast<std::uint32_t>(s.seed >> 32));
   }
   template <class Meta>
   CGX_HOST_DEVICE CGX_FORCEINLINE Meta get(int k) const {
