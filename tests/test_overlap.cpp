@@ -1,8 +1,10 @@
-// Non-blocking start()/wait(), and the native-allreduce fallback below the threshold.
+// Non-blocking start()/wait(), and the native-allreduce fallback below the threshold:
+// how a plan picks the threshold (transports' single_node()) and that it uses it.
 #include <doctest/doctest.h>
 
 #include <cgx/cgx.hpp>
 
+#include <cstring>
 #include <vector>
 
 #include "mpi_test_util.hpp"
@@ -13,7 +15,39 @@ using cgx::allreduce_plan;
 using cgx::comm::mpi;
 using SRA = cgx::comm::scatter_reduce_allgather;
 using Q4 = cgx::quant::maxmin<4, 1024, cgx::quant::stochastic>;
+
+// Whether every rank runs on the host of rank 0, by MPI_Get_processor_name: what
+// single_node() must say, found without the MPI_Comm_split_type it uses.
+bool same_host_as_rank0() {
+  char name[MPI_MAX_PROCESSOR_NAME] = {}, root[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(name, &len);
+  std::memcpy(root, name, sizeof(name));
+  MPI_Bcast(root, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, 0, MPI_COMM_WORLD);
+  int same = std::strcmp(name, root) == 0 ? 1 : 0, all = 0;
+  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
 }  // namespace
+
+TEST_CASE("single_node(): MPI's shared-memory domain, or the caller's node grouping") {
+  const int r = world_rank();
+  const int p = world_size();
+  // ctest starts every rank on this machine.
+  REQUIRE(same_host_as_rank0());
+  CHECK(mpi{MPI_COMM_WORLD}.single_node());
+  CHECK(cgx::comm::shm{MPI_COMM_WORLD}.single_node());
+  // Two ranks per emulated node: one node up to 2 ranks, two from 3.
+  CHECK(mpi{MPI_COMM_WORLD, mpi::nodes{r / 2}}.single_node() == (p <= 2));
+  CHECK(mpi{MPI_COMM_WORLD, mpi::nodes{7}}.single_node());
+  // A grouping given on some ranks only: the others count as one more node.
+  CHECK(mpi{MPI_COMM_WORLD, mpi::nodes{r == 0 ? 0 : -1}}.single_node() == (p == 1));
+  // A sub-communicator asks about its own ranks.
+  MPI_Comm half;
+  MPI_Comm_split(MPI_COMM_WORLD, r % 2, r, &half);
+  CHECK(mpi{half}.single_node());
+  MPI_Comm_free(&half);
+}
 
 TEST_CASE("start()/wait() gives the bits of the blocking call, while the caller computes") {
   const int r = world_rank();
