@@ -124,3 +124,20 @@ TEST_CASE("ranks with different thresholds are refused before any data moves") {
   CHECK_THROWS_AS(plan(v.data(), 100), cgx::error);
   CHECK(v == before);
 }
+
+TEST_CASE("an explicit threshold, and 0, are used as given") {
+  const int r = world_rank();
+  for (std::size_t given : {std::size_t{0}, std::size_t{1000}, std::size_t{1} << 30}) {
+    CAPTURE(given);
+    cgx::plan_options o;
+    o.native_below_bytes = given;
+    allreduce_plan<float, Q4, SRA, mpi> a{mpi{MPI_COMM_WORLD}, 100, o};
+    CHECK(a.native_below_bytes() == given);
+    allreduce_plan<float, Q4, SRA, mpi> b{mpi{MPI_COMM_WORLD, mpi::nodes{r / 2}}, 100, o};
+    CHECK(b.native_below_bytes() == given);
+    allreduce_plan<float, Q4, SRA, cgx::comm::shm> c{cgx::comm::shm{MPI_COMM_WORLD}, 100, o};
+    CHECK(c.native_below_bytes() == given);
+    cgx::error_bounded_plan<float, cgx::quant::error_bounded<1024>, SRA, mpi> d{mpi{MPI_COMM_WORLD}, 100, o};
+    CHECK(d.native_below_bytes() == given);
+  }
+}
