@@ -47,7 +47,7 @@ constexpr checking resolve(checking c) noexcept {
 #endif
 }
 
-/// `plan_options::native_below_bytes = auto_threshold`: the plan picks the
+/// `plan_options::native_below_bytes = auto_threshold` (the default): the plan picks the
 /// threshold when it is constructed, from where its ranks are: default_native_below_bytes
 /// when they span several nodes, default_native_below_bytes_one_node when the transport
 /// says they all share one node (see `native_below_bytes`).
@@ -74,13 +74,19 @@ struct plan_options {
   std::uint64_t seed = 0x63677821u;       ///< seed of stochastic rounding (any value; ranks may differ)
   int threads = 1;                        ///< host threads for (de)compression, per rank
   /// Messages of fewer bytes (uncompressed) go through the transport's own uncompressed
-  /// allreduce (MPI_Allreduce for comm::mpi) when it has one: below this size latency,
-  /// not bandwidth, decides, and compression cannot win. 0 disables the fallback (always
-  /// compress); any other value is used as given, and every rank must give the same.
-  /// auto_threshold lets the plan pick at construction, from the transport's
-  /// `single_node()`. The plan's `native_below_bytes()` says what it uses. The default
-  /// comes from bench/allreduce_bench sweeps (see docs/threshold.md).
-  std::size_t native_below_bytes = default_native_below_bytes;
+  /// allreduce (MPI_Allreduce for comm::mpi) when it has one: below this size that is
+  /// faster (latency, not bandwidth, decides; on one node, shared memory moves the bytes
+  /// faster than compression saves them). comm::shm has none: its plans always compress.
+  /// 0 disables the fallback (always compress); any other value is used as given, and
+  /// every rank must give the same.
+  /// The default, auto_threshold, lets the plan pick at construction:
+  /// default_native_below_bytes_one_node (16 MiB) when the transport reports that all
+  /// ranks share one node (`single_node()`: comm::mpi asks MPI or your `mpi::nodes`
+  /// grouping, comm::shm always does), default_native_below_bytes (64 KiB) otherwise.
+  /// The plan's `native_below_bytes()` says what it picked. Measurements:
+  /// docs/threshold.md. Note that a network emulated on one host (all ranks on one
+  /// machine, talking TCP) looks like one node: set the threshold explicitly there.
+  std::size_t native_below_bytes = auto_threshold;
 };
 
 namespace detail {
