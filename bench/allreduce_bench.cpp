@@ -5,8 +5,14 @@
 //       [--bits 2,4,8,32] [--bucket 1024] [--rounding stochastic|nearest]
 //       [--reducer sra|ring|tree|hier] [--transport mpi|shm] [--dtype float|double]
 //       (hier: hierarchical<uncompressed, ring>, exact inside a node, compressed across nodes)
-//       [--native-below BYTES] [--link NAME] [--json FILE]
+//       [--native-below SIZE|auto] [--link NAME] [--json FILE]
 //       [--project PROFILE|all] [--bytes SIZE]
+//
+// --native-below is the plans' plan_options::native_below_bytes (0: always compress).
+// Its default is 64K, cgx::default_native_below_bytes, the library's pick for ranks on
+// several nodes, not the library's own default (auto: 16 MiB when all ranks share one
+// node): the emulated networks (bench/netns-run) put every rank on one host, which a
+// plan would take for one node. `auto` lets the plans pick; the header says what they use.
 //
 // The baseline is the better of Open MPI's default MPI_Allreduce and its ring
 // (coll_tuned_allreduce_algorithm 4, selected through MPI_T on a duplicated
@@ -53,7 +59,7 @@ struct options {
   std::string reducer = "sra";
   std::string transport = "mpi";
   std::string dtype = "float";
-  long long native_below = -1;  // -1: plan default
+  std::size_t native_below = cgx::default_native_below_bytes;  // --native-below (see the file comment)
   std::string link = std::getenv("CGX_LINK") ? std::getenv("CGX_LINK") : "none";
   std::string json;
   std::string project;           // --project: print the model's projections and exit
@@ -104,7 +110,10 @@ options parse(int argc, char** argv) {
     else if (a == "--reducer") o.reducer = val();
     else if (a == "--transport") o.transport = val();
     else if (a == "--dtype") o.dtype = val();
-    else if (a == "--native-below") o.native_below = std::atoll(val().c_str());
+    else if (a == "--native-below") {
+      const std::string v = val();
+      o.native_below = v == "auto" ? cgx::auto_threshold : parse_size(v);
+    }
     else if (a == "--link") o.link = val();
     else if (a == "--json") o.json = val();
     else if (a == "--project") o.project = val();
@@ -130,15 +139,18 @@ void fill(std::vector<T>& x, int rank) {
   }
 }
 
-// A type-erased plan: sums buf[0..n) in place.
-using runner = std::function<void(void*, std::size_t)>;
+// A type-erased plan: `run` sums buf[0..n) in place.
+struct runner {
+  std::function<void(void*, std::size_t)> run;
+  std::size_t native_below = 0;  // the plan's native_below_bytes()
+};
 
 template <class T, class Q, class R, class X>
 runner make_plan(X x, std::size_t max_count, const options& o) {
   cgx::plan_options po;
-  if (o.native_below >= 0) po.native_below_bytes = static_cast<std::size_t>(o.native_below);
+  po.native_below_bytes = o.native_below;
   auto plan = std::make_shared<cgx::allreduce_plan<T, Q, R, X>>(std::move(x), max_count, po);
-  return [plan](void* b, std::size_t n) { (*plan)(static_cast<T*>(b), n); };
+  return {[plan](void* b, std::size_t n) { (*plan)(static_cast<T*>(b), n); }, plan->native_below_bytes()};
 }
 
 template <class T, class Q, class R>
@@ -314,6 +326,12 @@ int run(const options& o, int rank, int p) {
                 "the same loop\n", o.iters, o.warmup);
     std::printf("# mpi: the better of Open MPI's default allreduce (def) and its ring (ring: %s); speedup = mpi / time\n",
                 ring_comm != MPI_COMM_NULL ? "timed" : "not available, see the file comment");
+    if (o.transport == "shm")
+      std::printf("# cgx: comm::shm has no native allreduce, every call runs the compressed schedule\n");
+    else
+      std::printf("# cgx hands calls under %zu bytes to MPI_Allreduce (native_below_bytes%s)\n",
+                  plans.empty() ? o.native_below : plans[0].native_below,
+                  o.native_below == cgx::auto_threshold ? ", picked by the plan" : "");
     std::printf("%12s %11s %6s %7s %4s %6s | %10s %8s %8s | %10s %10s %10s %8s | %7s %10s %10s\n", "size(B)", "count",
                 "type", "reducer", "bits", "bucket", "time(us)", "algbw", "busbw", "def(us)", "ring(us)", "mpi(us)",
                 "speedup", "ratio", "max_abs", "rel_l2");
@@ -341,7 +359,7 @@ int run(const options& o, int rank, int p) {
           std::memcpy(data, input.data(), n * sizeof(T));
           MPI_Barrier(MPI_COMM_WORLD);
           const double t0 = MPI_Wtime();
-          if (which == 0) plans[k](data, n);
+          if (which == 0) plans[k].run(data, n);
           else MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), mt, MPI_SUM, which == 1 ? MPI_COMM_WORLD : ring_comm);
           (which == 0 ? t : which == 1 ? tb : tring) = MPI_Wtime() - t0;
         }

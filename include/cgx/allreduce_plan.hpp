@@ -58,7 +58,8 @@ class allreduce_plan {
     return schedule_type::workspace_bytes(max_count, ranks);
   }
 
-  /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes.
+  /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes, and picks
+  /// the native-allreduce threshold (see native_below_bytes()).
   allreduce_plan(X transport, std::size_t max_count, plan_options opts = {})
       : x_(std::move(transport)), max_count_(max_count), opts_(opts), sched_(x_) {
     validate_options();
@@ -133,15 +134,23 @@ class allreduce_plan {
   std::size_t max_count() const noexcept { return max_count_; }
   /// Bytes of workspace in use.
   std::size_t workspace_size() const noexcept { return ws_.size(); }
-  /// Number of completed or started calls (the stochastic-rounding call counter).
+  /// Number of compressed calls completed or started (the stochastic-rounding call
+  /// counter); calls that took the native path are not counted.
   std::uint32_t calls() const noexcept { return calls_; }
-  /// The options the plan was made with.
+  /// The options the plan was made with (native_below_bytes as given: possibly
+  /// auto_threshold).
   const plan_options& options() const noexcept { return opts_; }
+  /// The native-allreduce threshold in use: calls of fewer bytes (n * sizeof(T)) go
+  /// through the transport's own uncompressed allreduce, where it has one. The value of
+  /// plan_options::native_below_bytes, or for auto_threshold the plan's pick, made at
+  /// construction: default_native_below_bytes_one_node when the transport's single_node()
+  /// is true, default_native_below_bytes otherwise. 0: every call is compressed.
+  std::size_t native_below_bytes() const noexcept { return native_below_; }
 
  private:
   void reduce(T* buf, std::size_t n) {
     if constexpr (requires { x_.native_allreduce(buf, n); }) {
-      if (n * sizeof(T) < opts_.native_below_bytes) {
+      if (n * sizeof(T) < native_below_) {
         x_.native_allreduce(buf, n);
         return;
       }
@@ -166,9 +175,11 @@ class allreduce_plan {
   X x_;
   std::size_t max_count_;
   plan_options opts_;
+  // Collective (before the schedule's own setup, in the same order on every rank).
+  std::size_t native_below_ = detail::resolve_native_below(x_, opts_.native_below_bytes);
   // Ranks must also agree on the native-allreduce threshold, or some would take the
   // native path while others run the schedule.
-  std::int64_t sig_ = signature() ^ static_cast<std::int64_t>(opts_.native_below_bytes * 0x9E3779B97F4A7C15ull >> 2);
+  std::int64_t sig_ = signature() ^ static_cast<std::int64_t>(native_below_ * 0x9E3779B97F4A7C15ull >> 2);
   schedule_type sched_;
   std::unique_ptr<std::byte[]> owned_;
   std::span<std::byte> ws_;

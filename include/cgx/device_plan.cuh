@@ -100,9 +100,12 @@ inline constexpr bool has_device_kernels = requires { typename quant::device<Q>:
 /// \tparam X  transport: comm::mpi (staged through pinned host memory, or direct with a
 ///            CUDA-aware MPI), comm::mpi_device, comm::cuda_ipc, comm::nccl
 ///
-/// Below `plan_options::native_below_bytes` a call uses the transport's own uncompressed
-/// allreduce when it has one for T (MPI_Allreduce for float/double, ncclAllReduce);
-/// cuda_ipc has none and always runs the schedule. `plan_options::threads` is ignored.
+/// Below `native_below_bytes()` a call uses the transport's own uncompressed allreduce
+/// when it has one for T (MPI_Allreduce for float/double, ncclAllReduce); cuda_ipc has
+/// none and always runs the schedule. For plan_options::native_below_bytes =
+/// auto_threshold the plan picks default_native_below_bytes (64 KiB) on every device
+/// transport: none has single_node(), and the one-node pick of host plans (16 MiB) was
+/// measured for host buffers only. `plan_options::threads` is ignored.
 template <class T, class Q, class R, class X>
 class device_allreduce_plan {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, __half> ||
@@ -158,7 +161,7 @@ class device_allreduce_plan {
   void operator()(T* d_buf, std::size_t n, cudaStream_t stream = nullptr) {
     check(d_buf, n);
     if constexpr (requires { x_.native_allreduce(d_buf, n, stream); }) {
-      if (n * sizeof(T) < opts_.native_below_bytes) {
+      if (n * sizeof(T) < native_below_) {
         x_.native_allreduce(d_buf, n, stream);
         return;
       }
@@ -175,8 +178,11 @@ class device_allreduce_plan {
   std::size_t max_count() const noexcept { return max_count_; }
   /// Number of compressed calls so far (the stochastic-rounding call counter).
   std::uint32_t calls() const noexcept { return calls_; }
-  /// The options the plan was made with.
+  /// The options the plan was made with (native_below_bytes as given).
   const plan_options& options() const noexcept { return opts_; }
+  /// The native-allreduce threshold in use: plan_options::native_below_bytes, or for
+  /// auto_threshold the plan's pick at construction (see the class comment).
+  std::size_t native_below_bytes() const noexcept { return native_below_; }
 
  private:
   /// A number that differs between plans of different T, Q, R or threshold.
@@ -189,7 +195,7 @@ class device_allreduce_plan {
     mix(Q::bucket_size);
     mix(std::is_same_v<typename Q::rounding, quant::stochastic> ? 1 : 0);
     for (const char* c = R::name; *c != 0; ++c) mix(static_cast<unsigned char>(*c));
-    mix(opts_.native_below_bytes);
+    mix(native_below_);
     mix(0x646576u);  // "dev": never equal to a host plan's
     return static_cast<std::int64_t>(h >> 1);
   }
@@ -214,6 +220,7 @@ class device_allreduce_plan {
   device_transport_type x_;
   std::size_t max_count_;
   plan_options opts_;
+  std::size_t native_below_ = detail::resolve_native_below(x_, opts_.native_below_bytes);
   std::size_t sized_count_ = 0;
   std::int64_t sig_ = signature();
   schedule_type sched_;

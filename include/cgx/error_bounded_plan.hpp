@@ -89,16 +89,21 @@ class error_bounded_plan : public detail::plan_base<X> {
     return schedule_type::workspace_bytes(max_count, ranks);
   }
 
-  /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes.
+  /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes, and picks
+  /// the native-allreduce threshold (see native_below_bytes()).
   error_bounded_plan(X transport, std::size_t max_count, plan_options opts = {})
-      : base(std::move(transport), max_count, opts, "error_bounded_plan"), sched_(this->x_) {
+      : base(std::move(transport), max_count, opts, "error_bounded_plan"),
+        native_below_(detail::resolve_native_below(this->x_, opts.native_below_bytes)),
+        sched_(this->x_) {
     this->own_workspace(workspace_bytes(max_count, this->x_.size()));
   }
 
   /// Collective. Uses the caller's workspace (at least workspace_bytes(max_count,
   /// transport.size()) bytes, outliving the plan); throws cgx::error(errc::workspace) if smaller.
   error_bounded_plan(X transport, std::size_t max_count, std::span<std::byte> workspace, plan_options opts = {})
-      : base(std::move(transport), max_count, opts, "error_bounded_plan"), sched_(this->x_) {
+      : base(std::move(transport), max_count, opts, "error_bounded_plan"),
+        native_below_(detail::resolve_native_below(this->x_, opts.native_below_bytes)),
+        sched_(this->x_) {
     this->use_workspace(workspace, workspace_bytes(max_count, this->x_.size()));
   }
 
@@ -108,15 +113,15 @@ class error_bounded_plan : public detail::plan_base<X> {
   /// leaving buf untouched, for a null buf with n > 0, n above max_count(), or a bound
   /// that is not a finite positive number; with collective checking also (errc::mismatch)
   /// for counts, bounds or plan types that differ between ranks, on every rank.
-  /// Messages under plan_options::native_below_bytes go through the transport's exact
-  /// native allreduce (which meets any bound).
+  /// Messages under native_below_bytes() go through the transport's exact native
+  /// allreduce (which meets any bound).
   void operator()(T* buf, std::size_t n, double bound) {
     const bool bad_bound = !(bound > 0) || !std::isfinite(bound);
     detail::signature_hash h = detail::plan_signature<T, Q>(R::name);
     std::uint64_t bits = 0;
     std::memcpy(&bits, &bound, sizeof(bits));
     h.mix(bits);
-    h.mix(this->opts_.native_below_bytes);
+    h.mix(native_below_);
     detail::check_call(this->x_, this->opts_.check, "error_bounded_plan", buf == nullptr, n, this->max_count_,
                        h.value(), bad_bound,
                        [&] { return "the bound " + std::to_string(bound) + " is not a finite positive number"; });
@@ -125,7 +130,7 @@ class error_bounded_plan : public detail::plan_base<X> {
     stats_.bound = bound;
     stats_.step_bound = step_bound(bound, p);
     if constexpr (requires { this->x_.native_allreduce(buf, n); }) {
-      if (n * sizeof(T) < this->opts_.native_below_bytes) {
+      if (n * sizeof(T) < native_below_) {
         this->x_.native_allreduce(buf, n);
         stats_.native = true;
         return;
@@ -139,7 +144,12 @@ class error_bounded_plan : public detail::plan_base<X> {
   /// What the last call sent, on this rank.
   [[nodiscard]] const error_bounded_stats& last_stats() const noexcept { return stats_; }
 
+  /// The native-allreduce threshold in use (as allreduce_plan::native_below_bytes()):
+  /// plan_options::native_below_bytes, or the plan's pick for auto_threshold.
+  [[nodiscard]] std::size_t native_below_bytes() const noexcept { return native_below_; }
+
  private:
+  std::size_t native_below_;
   schedule_type sched_;
   error_bounded_stats stats_;
 };

@@ -7,8 +7,10 @@
 /// rank throw when any rank's arguments are bad or differ from the others'.
 
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -45,16 +47,46 @@ constexpr checking resolve(checking c) noexcept {
 #endif
 }
 
+/// `plan_options::native_below_bytes = auto_threshold` (the default): the plan picks the
+/// threshold when it is constructed, from where its ranks are: default_native_below_bytes
+/// when they span several nodes, default_native_below_bytes_one_node when the transport
+/// says they all share one node (see `native_below_bytes`).
+inline constexpr std::size_t auto_threshold = std::numeric_limits<std::size_t>::max();
+
+/// The threshold a plan picks when its ranks span several nodes, or when its transport
+/// cannot tell (it has no `single_node()`: the device transports): 64 KiB. Over TCP
+/// (loopback, 4 ranks, 4-bit SRA) compression was at parity with MPI_Allreduce up to
+/// 64 KiB (0.93x-1.16x) and won from 128 KiB (1.83x; 3.17x at 1 MiB): docs/threshold.md.
+inline constexpr std::size_t default_native_below_bytes = std::size_t{64} << 10;
+
+/// The threshold a plan picks when all its ranks share one node (shared memory): 16 MiB,
+/// the smallest measured size at which every bit width beat MPI_Allreduce. On one node
+/// (4 ranks, SRA, bucket 1024, docs/results/shm-mpi.txt and shm-shm.txt, tabulated in
+/// docs/threshold.md) 2, 4 and 8 bits over comm::mpi and comm::shm ran at 0.44x-1.08x
+/// of MPI_Allreduce's speed at 1 and 4 MiB (e.g. 8-bit 0.86x/0.74x over comm::mpi,
+/// 4-bit 0.65x/0.96x over comm::shm) and at 1.04x-1.46x at 16 MiB (2-bit 1.41x/1.46x,
+/// 4-bit 1.09x/1.26x, 8-bit 1.05x/1.04x over comm::mpi / comm::shm).
+inline constexpr std::size_t default_native_below_bytes_one_node = std::size_t{16} << 20;
+
 /// Run-time options of a plan.
 struct plan_options {
   checking check = checking::automatic;  ///< argument checking level
   std::uint64_t seed = 0x63677821u;       ///< seed of stochastic rounding (any value; ranks may differ)
   int threads = 1;                        ///< host threads for (de)compression, per rank
   /// Messages of fewer bytes (uncompressed) go through the transport's own uncompressed
-  /// allreduce (MPI_Allreduce for comm::mpi) when it has one: below this size latency,
-  /// not bandwidth, decides, and compression cannot win. 0 disables the fallback. The
-  /// default comes from bench/allreduce_bench sweeps (see docs/threshold.md).
-  std::size_t native_below_bytes = std::size_t{64} << 10;
+  /// allreduce (MPI_Allreduce for comm::mpi) when it has one: below this size that is
+  /// faster (latency, not bandwidth, decides; on one node, shared memory moves the bytes
+  /// faster than compression saves them). comm::shm has none: its plans always compress.
+  /// 0 disables the fallback (always compress); any other value is used as given, and
+  /// every rank must give the same.
+  /// The default, auto_threshold, lets the plan pick at construction:
+  /// default_native_below_bytes_one_node (16 MiB) when the transport reports that all
+  /// ranks share one node (`single_node()`: comm::mpi asks MPI or your `mpi::nodes`
+  /// grouping, comm::shm always does), default_native_below_bytes (64 KiB) otherwise.
+  /// The plan's `native_below_bytes()` says what it picked. Measurements:
+  /// docs/threshold.md. Note that a network emulated on one host (all ranks on one
+  /// machine, talking TCP) looks like one node: set the threshold explicitly there.
+  std::size_t native_below_bytes = auto_threshold;
 };
 
 namespace detail {
@@ -125,6 +157,21 @@ void check_call(X& x, checking level, const char* who, bool null_buffer, std::si
   if (v[2] != -v[3])
     throw error(errc::mismatch, where() + "ranks called plans of different value type, quantizer, reducer or "
                                           "options (threshold, root, bound); no data was moved");
+}
+
+/// The native-allreduce threshold a plan over transport `x` uses when asked for
+/// `requested` bytes (plan_options::native_below_bytes): `requested` itself unless it is
+/// auto_threshold; then default_native_below_bytes_one_node if `x.single_node()` says
+/// all ranks share one node, default_native_below_bytes if not or if X cannot tell.
+/// Collective where X has single_node(): it is asked whatever `requested` is, so that
+/// the ranks' sequence of collectives does not depend on an option they might disagree
+/// on (a disagreement is then reported by the plan's signature check, not a hang).
+template <class X>
+std::size_t resolve_native_below(X& x, std::size_t requested) {
+  bool one_node = false;
+  if constexpr (requires { { x.single_node() } -> std::convertible_to<bool>; }) one_node = x.single_node();
+  if (requested != auto_threshold) return requested;
+  return one_node ? default_native_below_bytes_one_node : default_native_below_bytes;
 }
 
 /// Throws cgx::error(errc::workspace) unless the caller's workspace `ws` holds `need`

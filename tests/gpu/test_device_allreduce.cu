@@ -138,6 +138,7 @@ void check_plan(const char* name, std::size_t max_count, std::initializer_list<s
   opts.native_below_bytes = native_below_bytes;
   opts.check = cgx::checking::collective;
   cgx::device_allreduce_plan<T, Q, Red, X> plan{X{MPI_COMM_WORLD}, max_count, opts};
+  CHECK_MSG(plan.native_below_bytes() == native_below_bytes, std::string(name) + ": threshold not kept as given");
   gpu_test::dev_buf<T> d(max_count);
   int call = 0;
   for (std::size_t n : ns) {
@@ -200,6 +201,15 @@ void check_readme_example() {
   const std::size_t bad = outside_bound<float, cgx::quant::maxmin<4, 1024, stochastic>>(
       got, x, cgx::comm::scatter_reduce_allgather::quantizations(size_));
   CHECK_MSG(bad == 0, ctx("readme example", n, 0) + ": " + std::to_string(bad) + " values outside the error bound");
+}
+
+/// The default threshold of a device plan is 64 KiB on every device transport (none
+/// has single_node(): the 16 MiB one-node pick of host plans was measured on host
+/// buffers), also when the plan is given comm::mpi.
+void check_default_threshold() {
+  cgx::device_allreduce_plan<float, cgx::quant::none, R, X> plan{X{MPI_COMM_WORLD}, 16};
+  CHECK_MSG(plan.native_below_bytes() == cgx::default_native_below_bytes,
+            "default threshold of a device plan: " + std::to_string(plan.native_below_bytes()));
 }
 
 /// Bad arguments throw cgx::error on every rank, before any data moves.
@@ -289,6 +299,7 @@ int main(int argc, char** argv) {
                                                                        {60000, 60000}, false);
     check_plan<float, cgx::quant::none, ring>("ring float none", 100000, {100000, 999, 100000}, true);
     check_errors();
+    check_default_threshold();
     check_readme_example();
   } catch (const std::exception& ex) {
     CHECK_MSG(false, std::string("exception: ") + ex.what());

@@ -108,6 +108,24 @@ class mpi {
     return out;
   }
 
+  /// Collective: whether all ranks of the communicator are on one node, by the same
+  /// grouping as node(): with a caller's `nodes{color}`, whether every rank gave the same
+  /// color; otherwise whether MPI's shared-memory domain (MPI_Comm_split_type with
+  /// MPI_COMM_TYPE_SHARED) holds the whole communicator. Every rank gets the same answer.
+  /// A plan asks it once, at construction, to pick its native-allreduce threshold.
+  [[nodiscard]] bool single_node() const {
+    std::int64_t v[2] = {node_color_, -static_cast<std::int64_t>(node_color_)};  // max color, -min color
+    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MAX, comm_), "MPI_Allreduce");
+    if (v[0] >= 0) return v[0] == -v[1];  // a grouping was given (ranks without one count as color -1)
+    MPI_Comm sub;
+    detail::check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &sub),
+                      "MPI_Comm_split_type");
+    int sub_size = 0;
+    MPI_Comm_size(sub, &sub_size);
+    MPI_Comm_free(&sub);
+    return sub_size == size_;
+  }
+
   /// MPI's own uncompressed allreduce (sum, in place): what a plan uses below its
   /// `native_below_bytes` threshold.
   template <class T>

@@ -142,6 +142,9 @@ class shm {
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
+  /// True: all ranks share one node (the constructor refuses any other communicator).
+  /// Moves no data; plans ask it, as they ask comm::mpi's, to pick their threshold.
+  [[nodiscard]] constexpr bool single_node() const noexcept { return true; }
 
   /// Posts a send of `bytes` bytes to `peer` (tag ignored; FIFO per pair).
   request isend(const void* buf, std::size_t bytes, int peer, int /*tag*/) {
