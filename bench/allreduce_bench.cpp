@@ -326,12 +326,9 @@ int run(const options& o, int rank, int p) {
                 "the same loop\n", o.iters, o.warmup);
     std::printf("# mpi: the better of Open MPI's default allreduce (def) and its ring (ring: %s); speedup = mpi / time\n",
                 ring_comm != MPI_COMM_NULL ? "timed" : "not available, see the file comment");
-    if (o.transport == "shm")
-      std::printf("# cgx: comm::shm has no native allreduce, every call runs the compressed schedule\n");
-    else
-      std::printf("# cgx hands calls under %zu bytes to MPI_Allreduce (native_below_bytes%s)\n",
-                  plans.empty() ? o.native_below : plans[0].native_below,
-                  o.native_below == cgx::auto_threshold ? ", picked by the plan" : "");
+    std::printf("# cgx hands calls under %zu bytes to MPI_Allreduce (native_below_bytes%s)\n",
+                plans.empty() ? o.native_below : plans[0].native_below,
+                o.native_below == cgx::auto_threshold ? ", picked by the plan" : "");
     std::printf("%12s %11s %6s %7s %4s %6s | %10s %8s %8s | %10s %10s %10s %8s | %7s %10s %10s\n", "size(B)", "count",
                 "type", "reducer", "bits", "bucket", "time(us)", "algbw", "busbw", "def(us)", "ring(us)", "mpi(us)",
                 "speedup", "ratio", "max_abs", "rel_l2");

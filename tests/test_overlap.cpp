@@ -190,6 +190,17 @@ TEST_CASE("calls use the picked threshold: 1 MiB goes to MPI_Allreduce on one no
   if (p > 2) CHECK(v != exact);  // two nodes: 64 KiB, so 1 MiB is compressed
   if (p <= 2) CHECK(v == exact);
   CHECK(grouped.calls() == (p > 2 ? 1u : 0u));
+  // comm::shm falls back to MPI_Allreduce too (over the communicator it was made from).
+  allreduce_plan<float, Q4, SRA, cgx::comm::shm> on_shm{cgx::comm::shm{MPI_COMM_WORLD}, n};
+  v = x;
+  on_shm(v.data(), n);
+  CHECK(v == exact);
+  CHECK(on_shm.calls() == 0);
+  allreduce_plan<float, Q4, SRA, cgx::comm::shm> shm_always{cgx::comm::shm{MPI_COMM_WORLD}, n, schedule_always()};
+  v = x;
+  shm_always(v.data(), n);
+  if (p > 1) CHECK(v != exact);
+  CHECK(shm_always.calls() == 1);
   // The error-bounded plan reports the native path in its stats.
   cgx::error_bounded_plan<float, cgx::quant::error_bounded<1024>, SRA, mpi> eb{mpi{MPI_COMM_WORLD}, n};
   v = x;

@@ -37,6 +37,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -78,7 +79,8 @@ class shm {
   explicit shm(MPI_Comm comm, std::size_t ring_bytes = default_ring_bytes) : ring_(ring_bytes) {
     if (ring_bytes < 4096 || (ring_bytes & (ring_bytes - 1)) != 0)
       throw cgx::error(errc::invalid_argument, "cgx::comm::shm: ring_bytes must be a power of two >= 4096");
-    mpi base(comm);  // validates the communicator and duplicates it for setup traffic
+    base_comm_.emplace(comm);  // validates the communicator and duplicates it (setup, native allreduce)
+    mpi& base = *base_comm_;
     rank_ = base.rank();
     size_ = base.size();
     blocked_send_.assign(static_cast<std::size_t>(size_), 0);
@@ -125,6 +127,8 @@ class shm {
     if (this != &o) {
       release();
       base_ = std::exchange(o.base_, nullptr);
+      base_comm_ = std::move(o.base_comm_);
+      o.base_comm_.reset();
       bytes_ = o.bytes_;
       stride_ = o.stride_;
       ring_ = o.ring_;
@@ -145,6 +149,15 @@ class shm {
   /// True: all ranks share one node (the constructor refuses any other communicator).
   /// Moves no data; plans ask it, as they ask comm::mpi's, to pick their threshold.
   [[nodiscard]] constexpr bool single_node() const noexcept { return true; }
+
+  /// MPI_Allreduce (sum, in place) over the communicator the transport was made from:
+  /// what a plan uses below its native_below_bytes() threshold. On one node, MPI's own
+  /// shared-memory allreduce beats compressing small and mid-sized messages
+  /// (docs/threshold.md), so plans over comm::shm fall back to it as they do over comm::mpi.
+  template <class T>
+  void native_allreduce(T* buf, std::size_t n) {
+    base_comm_->native_allreduce(buf, n);
+  }
 
   /// Posts a send of `bytes` bytes to `peer` (tag ignored; FIFO per pair).
   request isend(const void* buf, std::size_t bytes, int peer, int /*tag*/) {
@@ -341,6 +354,7 @@ class shm {
   }
 
   void* base_ = nullptr;
+  std::optional<mpi> base_comm_;  // the caller's communicator, duplicated
   std::size_t bytes_ = 0;
   std::size_t stride_ = 0;
   std::size_t ring_ = default_ring_bytes;
