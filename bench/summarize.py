@@ -58,6 +58,8 @@ def main():
         if not recs:
             continue
         sizes = sorted({r["bytes"] for r in recs})
+        if f.endswith("-compressed.json"):
+            f = f[:-5] + " (threshold disabled).json"
         for bits in sorted({r["bits"] for r in recs}):
             rs = [r for r in recs if r["bits"] == bits]
             worst = min(rs, key=lambda r: r["speedup"])
