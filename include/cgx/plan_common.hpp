@@ -59,13 +59,12 @@ inline constexpr std::size_t auto_threshold = std::numeric_limits<std::size_t>::
 /// 64 KiB (0.93x-1.16x) and won from 128 KiB (1.83x; 3.17x at 1 MiB): docs/threshold.md.
 inline constexpr std::size_t default_native_below_bytes = std::size_t{64} << 10;
 
-/// The threshold a plan picks when all its ranks share one node (shared memory): 16 MiB,
-/// the smallest measured size at which every bit width beat MPI_Allreduce. On one node
-/// (4 ranks, SRA, bucket 1024, docs/results/shm-mpi.txt and shm-shm.txt, tabulated in
-/// docs/threshold.md) 2, 4 and 8 bits over comm::mpi and comm::shm ran at 0.44x-1.08x
-/// of MPI_Allreduce's speed at 1 and 4 MiB (e.g. 8-bit 0.86x/0.74x over comm::mpi,
-/// 4-bit 0.65x/0.96x over comm::shm) and at 1.04x-1.46x at 16 MiB (2-bit 1.41x/1.46x,
-/// 4-bit 1.09x/1.26x, 8-bit 1.05x/1.04x over comm::mpi / comm::shm).
+/// The threshold a plan picks when all its ranks share one node (shared memory): 16 MiB.
+/// On one node (4 ranks, SRA, bucket 1024, threshold disabled: docs/results/
+/// shm-mpi-compressed.txt and shm-shm-compressed.txt, tabulated in docs/threshold.md)
+/// compression lost to MPI_Allreduce at 1 MiB over comm::shm (0.54x-0.84x) and, at 8
+/// bits, up to 4 MiB over comm::mpi (0.94x-0.98x); from 8 MiB every width won over both
+/// transports (1.07x-1.83x). 16 MiB keeps a margin over that one run.
 inline constexpr std::size_t default_native_below_bytes_one_node = std::size_t{16} << 20;
 
 /// Run-time options of a plan.
@@ -76,7 +75,7 @@ struct plan_options {
   /// Messages of fewer bytes (uncompressed) go through the transport's own uncompressed
   /// allreduce (MPI_Allreduce for comm::mpi) when it has one: below this size that is
   /// faster (latency, not bandwidth, decides; on one node, shared memory moves the bytes
-  /// faster than compression saves them). comm::shm has none: its plans always compress.
+  /// faster than compression saves them). comm::shm's is MPI_Allreduce too.
   /// 0 disables the fallback (always compress); any other value is used as given, and
   /// every rank must give the same.
   /// The default, auto_threshold, lets the plan pick at construction:

@@ -34,10 +34,10 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
-#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
