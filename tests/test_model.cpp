@@ -73,14 +73,12 @@ algorithm algorithm_of(const std::string& reducer) {
 }
 
 // Checks every record of `file` with at least `min_bytes` against the model on
-// `profile`: cgx's time and the baseline's (the ring model; the baseline is the better
-// of Open MPI's default and ring allreduce) within `tolerance`. Returns the number of
-// records checked.
-// With `wire_bound_only`, only records whose predicted wire time is at least half of
-// the predicted total (the link decides, not the 2 shared cores), and not the
-// uncompressed hierarchical reducer (see the test below).
+// `profile`: cgx's time, and that of Open MPI's ring allreduce timed in the same run
+// (mpi_ring_time_s; the model's mpi_ring is that ring), within `tolerance`. Returns the
+// number of records checked. `compressed_only` leaves out cgx's uncompressed rows
+// (bits 32: quant::none) and checks only the ring on them.
 int check_file(const std::string& file, const std::string& profile_name, double min_bytes, double tolerance,
-               bool wire_bound_only = false) {
+               bool compressed_only = false) {
   const machine& m = profile(profile_name);
   int checked = 0;
   for (const record& r : read_records(std::string(CGX_RESULTS_DIR) + "/" + file)) {
@@ -90,18 +88,15 @@ int check_file(const std::string& file, const std::string& profile_name, double 
     int bits = std::stoi(r.at("bits"));
     if (bits == 32) bits = 0;
     const problem pr{bytes, ranks, bits, std::stod(r.at("bucket"))};
-    const prediction cgx_p = predict(algorithm_of(r.at("reducer")), pr, m);
-    if (wire_bound_only && (cgx_p.wire_s < 0.75 * cgx_p.total_s() || (bits == 0 && r.at("reducer") == "hier")))
-      continue;
-    const double cgx_pred = cgx_p.total_s();
-    const double mpi_pred = predict(algorithm::mpi_ring, pr, m).total_s();
+    const double cgx_pred = predict(algorithm_of(r.at("reducer")), pr, m).total_s();
+    const double ring_pred = predict(algorithm::mpi_ring, pr, m).total_s();
     const double cgx_meas = std::stod(r.at("time_s"));
-    const double mpi_meas = std::stod(r.at("mpi_time_s"));
+    const double ring_meas = std::stod(r.at("mpi_ring_time_s"));
     INFO(file << ": " << bytes << " bytes, " << r.at("bits") << " bits, " << r.at("reducer") << ": cgx measured "
-              << cgx_meas << " s predicted " << cgx_pred << " s; mpi measured " << mpi_meas << " s predicted "
-              << mpi_pred << " s; tolerance " << tolerance);
-    CHECK(std::fabs(cgx_pred / cgx_meas - 1) <= tolerance);
-    CHECK(std::fabs(mpi_pred / mpi_meas - 1) <= tolerance);
+              << cgx_meas << " s predicted " << cgx_pred << " s; MPI ring measured " << ring_meas << " s predicted "
+              << ring_pred << " s; tolerance " << tolerance);
+    if (!(compressed_only && bits == 0)) CHECK(std::fabs(cgx_pred / cgx_meas - 1) <= tolerance);
+    CHECK(std::fabs(ring_pred / ring_meas - 1) <= tolerance);
     ++checked;
   }
   return checked;
@@ -155,31 +150,33 @@ TEST_CASE("model: hierarchical sends less between nodes than flat sra, and pays 
 }
 
 // What the model is held to, on the measurements of docs/results/ (one run each):
-//  - within 25% where the link decides (predicted wire time >= 3/4 of the total), from
-//    4 MiB, on every emulated link. This leaves out the CPU-bound compressed rows of the
-//    10 Gbit/s loopback, which the model under-predicts by 7-30% (it scales quant_bench's
-//    one-rank throughputs by 2 cores / 4 ranks, but the ranks also share memory
-//    bandwidth), and the uncompressed hierarchical reducer on the cluster, measured 35%
-//    slower than its bytes on the wire explain at 64 MiB (897 ms against a predicted
-//    584 ms, and slower than Open MPI's ring: not understood, open);
-//  - within 50% everywhere from 4 MiB.
-// Not held at 1-2 MiB: there TCP's CPU cost, scheduling and the tbf bucket decide, and
-// the model is 20-50% off several records (e.g. the cluster's 8-bit hier at 1 MiB).
-TEST_CASE("model: predictions within 25% where bandwidth decides, 50% from 4 MiB") {
+//  - within 25% from 1 MiB on the emulated links of one host (tbf loopback at 1 and
+//    10 Gbit/s): every record, cgx compressed and uncompressed and Open MPI's ring;
+//  - on the emulated cluster (2 nodes x 2 ranks, 1 Gbit/s), within 25% from 4 MiB for
+//    cgx's compressed reducers and the ring, and within 50% from 1 MiB for everything.
+//    Not held to 25% there: at 1 MiB cgx's compressed calls take 1.65-2.4 ms against
+//    1.1-1.3 ms predicted (the link's bytes at its rate, with no help from the tbf
+//    bucket, plus the compute, explain the measurement; the model gives the bucket to
+//    every call), and cgx's uncompressed reducers measured 18-39% slower than their
+//    bytes on the links explain (897 ms for the hierarchical one at 64 MiB against
+//    584 ms predicted and 862 ms for Open MPI's ring; re-runs on a later, noisier day
+//    gave 658-869 ms): not understood, open.
+TEST_CASE("model: predictions within 25% from 1 MiB on the loopback links, from 4 MiB on the cluster") {
   const double MiB = 1 << 20;
   int n = 0;
-  n += check_file("tcp-1gbit.json", "loopback-1gbit", 4 * MiB, 0.25, true);
-  n += check_file("tcp-1gbit-256M.json", "loopback-1gbit", 1 * MiB, 0.25, true);
-  n += check_file("tcp-10gbit.json", "loopback-10gbit", 4 * MiB, 0.25, true);
-  n += check_file("cluster-2x2-1gbit.json", "cluster-1gbit", 4 * MiB, 0.25, true);
-  n += check_file("cluster-2x2-1gbit-sra.json", "cluster-1gbit", 4 * MiB, 0.25, true);
-  MESSAGE(n << " measured records checked within 25%");
-  CHECK(n >= 20);
+  n += check_file("tcp-1gbit.json", "loopback-1gbit", 1 * MiB, 0.25);
+  n += check_file("tcp-1gbit-256M.json", "loopback-1gbit", 1 * MiB, 0.25);
+  n += check_file("tcp-10gbit.json", "loopback-10gbit", 1 * MiB, 0.25);
+  MESSAGE(n << " loopback records (cgx and ring) within 25% from 1 MiB");
+  CHECK(n >= 36);
+  int c = 0;
+  c += check_file("cluster-2x2-1gbit.json", "cluster-1gbit", 4 * MiB, 0.25, true);
+  c += check_file("cluster-2x2-1gbit-sra.json", "cluster-1gbit", 4 * MiB, 0.25, true);
+  MESSAGE(c << " cluster records (compressed cgx and ring) within 25% from 4 MiB");
+  CHECK(c >= 15);
   int m = 0;
-  m += check_file("tcp-1gbit.json", "loopback-1gbit", 4 * MiB, 0.5);
-  m += check_file("tcp-10gbit.json", "loopback-10gbit", 4 * MiB, 0.5);
-  m += check_file("cluster-2x2-1gbit.json", "cluster-1gbit", 4 * MiB, 0.5);
-  m += check_file("cluster-2x2-1gbit-sra.json", "cluster-1gbit", 4 * MiB, 0.5);
-  MESSAGE(m << " measured records checked within 50%");
-  CHECK(m >= 30);
+  m += check_file("cluster-2x2-1gbit.json", "cluster-1gbit", 1 * MiB, 0.5);
+  m += check_file("cluster-2x2-1gbit-sra.json", "cluster-1gbit", 1 * MiB, 0.5);
+  MESSAGE(m << " cluster records within 50% from 1 MiB");
+  CHECK(m >= 20);
 }
