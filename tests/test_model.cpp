@@ -77,6 +77,8 @@ algorithm algorithm_of(const std::string& reducer) {
 // (mpi_ring_time_s; the model's mpi_ring is that ring), within `tolerance`. Returns the
 // number of records checked. `compressed_only` leaves out cgx's uncompressed rows
 // (bits 32: quant::none) and checks only the ring on them.
+// Each record's problem carries the idle time the benchmark leaves the links before a
+// call, so that the tbf bucket is refilled only as much as it is in the measurement.
 int check_file(const std::string& file, const std::string& profile_name, double min_bytes, double tolerance,
                bool compressed_only = false) {
   const machine& m = profile(profile_name);
@@ -87,7 +89,11 @@ int check_file(const std::string& file, const std::string& profile_name, double 
     const int ranks = std::stoi(r.at("ranks"));
     int bits = std::stoi(r.at("bits"));
     if (bits == 32) bits = 0;
-    const problem pr{bytes, ranks, bits, std::stod(r.at("bucket"))};
+    problem pr{bytes, ranks, bits, std::stod(r.at("bucket"))};
+    // allreduce_bench restores the input (a memcpy of the buffer, ~10 GB/s here) and
+    // enters a barrier (~100 us over these links) before each timed call: all the time
+    // the tbf buckets have to refill before it.
+    pr.idle_before_s = bytes / 10e9 + 100e-6;
     const double cgx_pred = predict(algorithm_of(r.at("reducer")), pr, m).total_s();
     const double ring_pred = predict(algorithm::mpi_ring, pr, m).total_s();
     const double cgx_meas = std::stod(r.at("time_s"));
@@ -119,6 +125,23 @@ TEST_CASE("model: the uncompressed ring on a shared link costs 2 (p-1) S (less t
     CHECK(t.wire_s == doctest::Approx((2.0 * (p - 1) * S - m.intra.burst_bytes) / m.intra.bytes_per_s));
     CHECK(t.latency_s == doctest::Approx(2.0 * (p - 1) * m.intra.alpha_s));
   }
+  // Back to back, the bucket refills only while a call does not send (its latency and
+  // adds: 0.4 ms for 1 MiB on 4 ranks, less than the 2 ms the bucket holds): less than
+  // a full bucket passes free, more than nothing; each further second of idle time
+  // before the call takes a second off the wire, up to the full bucket.
+  problem busy{1 << 20, 4, 0};
+  const double full = predict(algorithm::mpi_ring, busy, m).wire_s;
+  busy.idle_before_s = 0;
+  const double w0 = predict(algorithm::mpi_ring, busy, m).wire_s;
+  CHECK(w0 > full);
+  CHECK(w0 < 2.0 * 3 * (1 << 20) / 4 * 4 / m.intra.bytes_per_s);
+  busy.idle_before_s = 1e-3;
+  CHECK(predict(algorithm::mpi_ring, busy, m).wire_s == doctest::Approx(w0 - 1e-3));
+  busy.idle_before_s = 1;
+  CHECK(predict(algorithm::mpi_ring, busy, m).wire_s == doctest::Approx(full));
+  problem bad{1, 2, 4};
+  bad.idle_before_s = -1;
+  CHECK_THROWS_AS(predict(algorithm::sra, bad, profile("loopback-1gbit")), cgx::error);
 }
 
 TEST_CASE("model: fewer bits send fewer bytes; one rank costs nothing; bad input throws") {
@@ -150,33 +173,24 @@ TEST_CASE("model: hierarchical sends less between nodes than flat sra, and pays 
 }
 
 // What the model is held to, on the measurements of docs/results/ (one run each):
-//  - within 25% from 1 MiB on the emulated links of one host (tbf loopback at 1 and
-//    10 Gbit/s): every record, cgx compressed and uncompressed and Open MPI's ring;
-//  - on the emulated cluster (2 nodes x 2 ranks, 1 Gbit/s), within 25% from 4 MiB for
-//    cgx's compressed reducers and the ring, and within 50% from 1 MiB for everything.
-//    Not held to 25% there: at 1 MiB cgx's compressed calls take 1.65-2.4 ms against
-//    1.1-1.3 ms predicted (the link's bytes at its rate, with no help from the tbf
-//    bucket, plus the compute, explain the measurement; the model gives the bucket to
-//    every call), and cgx's uncompressed reducers measured 18-39% slower than their
-//    bytes on the links explain (897 ms for the hierarchical one at 64 MiB against
-//    584 ms predicted and 862 ms for Open MPI's ring; re-runs on a later, noisier day
-//    gave 658-869 ms): not understood, open.
-TEST_CASE("model: predictions within 25% from 1 MiB on the loopback links, from 4 MiB on the cluster") {
+// within 25% from 1 MiB on every record, cgx's time and Open MPI's ring, on the
+// loopback links (1 and 10 Gbit/s) and on the emulated cluster (2 nodes x 2 ranks,
+// 1 Gbit/s), except cgx's uncompressed hierarchical reducer on the cluster, held to 50%:
+// it measured 19-39% slower than its bytes on the links explain (897 ms at 64 MiB
+// against 584 ms predicted, and slower than Open MPI's ring, 862 ms, which sends 1.5x
+// its bytes between the nodes; re-runs on a later, noisier day gave 658-869 ms; no TCP
+// retransmissions). Not understood, open.
+TEST_CASE("model: predictions within 25% from 1 MiB on the emulated links") {
   const double MiB = 1 << 20;
   int n = 0;
   n += check_file("tcp-1gbit.json", "loopback-1gbit", 1 * MiB, 0.25);
   n += check_file("tcp-1gbit-256M.json", "loopback-1gbit", 1 * MiB, 0.25);
   n += check_file("tcp-10gbit.json", "loopback-10gbit", 1 * MiB, 0.25);
-  MESSAGE(n << " loopback records (cgx and ring) within 25% from 1 MiB");
-  CHECK(n >= 36);
-  int c = 0;
-  c += check_file("cluster-2x2-1gbit.json", "cluster-1gbit", 4 * MiB, 0.25, true);
-  c += check_file("cluster-2x2-1gbit-sra.json", "cluster-1gbit", 4 * MiB, 0.25, true);
-  MESSAGE(c << " cluster records (compressed cgx and ring) within 25% from 4 MiB");
-  CHECK(c >= 15);
-  int m = 0;
-  m += check_file("cluster-2x2-1gbit.json", "cluster-1gbit", 1 * MiB, 0.5);
-  m += check_file("cluster-2x2-1gbit-sra.json", "cluster-1gbit", 1 * MiB, 0.5);
-  MESSAGE(m << " cluster records within 50% from 1 MiB");
-  CHECK(m >= 20);
+  n += check_file("cluster-2x2-1gbit.json", "cluster-1gbit", 1 * MiB, 0.25, true);
+  n += check_file("cluster-2x2-1gbit-sra.json", "cluster-1gbit", 1 * MiB, 0.25);
+  MESSAGE(n << " records (cgx and Open MPI's ring) within 25% from 1 MiB");
+  CHECK(n >= 56);
+  const int h = check_file("cluster-2x2-1gbit.json", "cluster-1gbit", 1 * MiB, 0.5);
+  MESSAGE(h << " cluster records of the hierarchical reducer, uncompressed ones too, within 50% from 1 MiB");
+  CHECK(h >= 12);
 }

@@ -17,6 +17,9 @@
 ///   latency  rounds * alpha (alpha of inter when N > 1, else intra);
 ///   wire     node NIC time  (bytes out of one node - burst) / inter bandwidth
 ///            + intra time   (node's intra bytes if shared, else one rank's) / intra bandwidth;
+///            where a link is a token bucket (emulated links), burst is what refilled
+///            while it was idle: problem::idle_before_s plus the call's own time off
+///            the wire (latency, compute that nothing overlaps), at most the bucket;
 ///   compute  bytes (de)compressed or added by one rank over that rank's throughput,
 ///            plus the CPU cost of the bytes it sends through a network stack
 ///            (cpu_s_per_byte; not shared-memory bytes, see intra_pays_cpu), the one-core
@@ -42,6 +45,7 @@
 #include <bit>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -88,6 +92,11 @@ struct problem {
   double bucket = 1024;        ///< values per bucket
   double value_bytes = 4;      ///< sizeof(T)
   double meta_bytes = 8;       ///< per-bucket metadata (fp32 min and unit)
+  /// Seconds the links sat idle before the call. A token bucket (link::burst_bytes)
+  /// refills at the link's rate only while the link is idle: before the call, and
+  /// during the call while the ranks compute instead of send. Infinite (a full bucket)
+  /// unless calls come back to back, as in a benchmark loop.
+  double idle_before_s = std::numeric_limits<double>::infinity();
 };
 
 /// The schedules the model knows.
@@ -175,23 +184,22 @@ inline traffic tree_traffic(double c, int p, int L) {
   return t;
 }
 
-inline double over(double bytes, const link& l) { return std::max(0.0, bytes - l.burst_bytes) / l.bytes_per_s; }
+/// Time of `bytes` over link l whose token bucket has refilled for `idle_s` seconds.
+inline double over(double bytes, const link& l, double idle_s) {
+  const double bucket = std::min(l.burst_bytes, l.bytes_per_s * idle_s);
+  return std::max(0.0, bytes - bucket) / l.bytes_per_s;
+}
 
-inline double wire_time(const traffic& t, const machine& m) {
+inline double wire_time(const traffic& t, const machine& m, double idle_s) {
   const double intra = m.intra_shared ? t.node_intra : t.rank_intra;
-  return over(t.node_out, m.inter) + over(intra, m.intra);
+  return over(t.node_out, m.inter, idle_s) + over(intra, m.intra, idle_s);
 }
 
 /// Pieces per chunk of the pipelined SRA (scatter_reduce_allgather::schedule::pieces).
 inline double sra_pieces(double bytes, int p) { return std::clamp(std::floor(bytes / p / (1 << 20)), 1.0, 8.0); }
 
-}  // namespace detail
-
-/// Predicted time of one allreduce of `pr` with algorithm `a` on machine `m`.
-/// Throws cgx::error for a problem the model does not cover (p < 1, bits outside 0..8).
-inline prediction predict(algorithm a, const problem& pr, const machine& m) {
-  if (pr.ranks < 1 || pr.bits < 0 || pr.bits > 8 || !(pr.bytes >= 0) || m.ranks_per_node < 1)
-    throw error(errc::invalid_argument, "model::predict: need ranks >= 1, bits in 0..8, bytes >= 0");
+/// predict() with the links' token buckets refilled for `idle_s` seconds.
+inline prediction predict_idle(algorithm a, const problem& pr, const machine& m, double idle_s) {
   prediction out;
   const int p = pr.ranks;
   if (p == 1) return out;
@@ -216,7 +224,7 @@ inline prediction predict(algorithm a, const problem& pr, const machine& m) {
     case algorithm::mpi_ring: {
       const auto t = detail::ring_traffic(c, p, L);
       out.latency_s = t.rounds * alpha;
-      out.wire_s = detail::wire_time(t, m);
+      out.wire_s = detail::wire_time(t, m, idle_s);
       const double cpu = net_cpu(rank_sent(t));  // moves with the bytes: overlaps the wire
       out.compute_s = S * (p - 1) / p / A + cpu;
       out.overlap_s = std::min(out.wire_s, cpu);
@@ -229,7 +237,7 @@ inline prediction predict(algorithm a, const problem& pr, const machine& m) {
                      : a == algorithm::ring ? detail::ring_traffic(c, p, L)
                                             : detail::tree_traffic(c, p, L);
       out.latency_s = t.rounds * alpha;
-      out.wire_s = detail::wire_time(t, m);
+      out.wire_s = detail::wire_time(t, m, idle_s);
       const double cpu = net_cpu(rank_sent(t));
       out.compute_s = flat_compute(S, p) + (a == algorithm::tree && p > detail::pow2_floor(p) ? S / C + S / DA : 0) + cpu;
       if (a == algorithm::sra && pr.bits != 0) {
@@ -258,17 +266,34 @@ inline prediction predict(algorithm a, const problem& pr, const machine& m) {
       detail::traffic t2n = t2;
       t2n.node_out = L * t2.node_out;
       out.latency_s = t1.rounds * m.intra.alpha_s + t2.rounds * m.inter.alpha_s + t3.rounds * m.intra.alpha_s;
-      out.wire_s = detail::wire_time(t1, m) + detail::wire_time(t2n, m) + detail::wire_time(t3, m);
+      out.wire_s = detail::wire_time(t1, m, idle_s) + detail::wire_time(t2n, m, idle_s) + detail::wire_time(t3, m, idle_s);
       // The three phases run one after the other; in each, the CPU cost of moving the
       // bytes overlaps that phase's wire time only.
       const double c1 = net_cpu(rank_sent(t1)), c2 = net_cpu(rank_sent(t2n) / L), c3 = net_cpu(rank_sent(t3));
       out.compute_s = (L - 1) * S / L / A + (N > 1 ? flat_compute(S / L, N) : 0) + c1 + c2 + c3;
-      out.overlap_s = std::min(detail::wire_time(t1, m), c1) + std::min(detail::wire_time(t2n, m), c2) +
-                      std::min(detail::wire_time(t3, m), c3);
+      out.overlap_s = std::min(detail::wire_time(t1, m, idle_s), c1) + std::min(detail::wire_time(t2n, m, idle_s), c2) +
+                      std::min(detail::wire_time(t3, m, idle_s), c3);
       break;
     }
   }
   return out;
+}
+
+}  // namespace detail
+
+/// Predicted time of one allreduce of `pr` with algorithm `a` on machine `m`.
+/// Throws cgx::error for a problem the model does not cover (p < 1, bits outside 0..8).
+inline prediction predict(algorithm a, const problem& pr, const machine& m) {
+  if (pr.ranks < 1 || pr.bits < 0 || pr.bits > 8 || !(pr.bytes >= 0) || m.ranks_per_node < 1 ||
+      !(pr.idle_before_s >= 0))
+    throw error(errc::invalid_argument, "model::predict: need ranks >= 1, bits in 0..8, bytes >= 0, idle_before_s >= 0");
+  if (!std::isinf(pr.idle_before_s)) {
+    // The buckets refill before the call and while the call does not send: its time
+    // with empty buckets less its wire time (latency and compute that nothing overlaps).
+    const prediction empty = detail::predict_idle(a, pr, m, 0);
+    return detail::predict_idle(a, pr, m, pr.idle_before_s + std::max(0.0, empty.total_s() - empty.wire_s));
+  }
+  return detail::predict_idle(a, pr, m, pr.idle_before_s);
 }
 
 /// Named machine profiles: the emulated networks of bench/ (checked against
