@@ -213,7 +213,7 @@ inline prediction predict_idle(algorithm a, const problem& pr, const machine& m,
   // CPU time of moving `sent` bytes out of one rank (and into another).
   auto net_cpu = [&](double sent) { return sent * m.cpu_s_per_byte / share; };
   // Bytes one rank sends through a network stack.
-  auto rank_sent = [&](const detail::traffic& t) { return t.node_out / L + (m.intra_pays_cpu ? t.rank_intra : 0); };
+  auto rank_sent = [&](const traffic& t) { return t.node_out / L + (m.intra_pays_cpu ? t.rank_intra : 0); };
   const double c = a == algorithm::mpi_ring ? S : S / compression_ratio(pr);
   // Compute of one compressed flat schedule over P ranks on `bytes`.
   auto flat_compute = [&](double bytes, int P) {
@@ -222,9 +222,9 @@ inline prediction predict_idle(algorithm a, const problem& pr, const machine& m,
   };
   switch (a) {
     case algorithm::mpi_ring: {
-      const auto t = detail::ring_traffic(c, p, L);
+      const auto t = ring_traffic(c, p, L);
       out.latency_s = t.rounds * alpha;
-      out.wire_s = detail::wire_time(t, m, idle_s);
+      out.wire_s = wire_time(t, m, idle_s);
       const double cpu = net_cpu(rank_sent(t));  // moves with the bytes: overlaps the wire
       out.compute_s = S * (p - 1) / p / A + cpu;
       out.overlap_s = std::min(out.wire_s, cpu);
@@ -233,17 +233,17 @@ inline prediction predict_idle(algorithm a, const problem& pr, const machine& m,
     case algorithm::sra:
     case algorithm::ring:
     case algorithm::tree: {
-      const auto t = a == algorithm::sra ? detail::sra_traffic(c, p, L)
-                     : a == algorithm::ring ? detail::ring_traffic(c, p, L)
-                                            : detail::tree_traffic(c, p, L);
+      const auto t = a == algorithm::sra ? sra_traffic(c, p, L)
+                     : a == algorithm::ring ? ring_traffic(c, p, L)
+                                            : tree_traffic(c, p, L);
       out.latency_s = t.rounds * alpha;
-      out.wire_s = detail::wire_time(t, m, idle_s);
+      out.wire_s = wire_time(t, m, idle_s);
       const double cpu = net_cpu(rank_sent(t));
-      out.compute_s = flat_compute(S, p) + (a == algorithm::tree && p > detail::pow2_floor(p) ? S / C + S / DA : 0) + cpu;
+      out.compute_s = flat_compute(S, p) + (a == algorithm::tree && p > pow2_floor(p) ? S / C + S / DA : 0) + cpu;
       if (a == algorithm::sra && pr.bits != 0) {
         // Pipelined: compute and transfer of different pieces overlap; what does not
         // overlap is about one piece's share of the smaller of the two.
-        const double K = detail::sra_pieces(S, p);
+        const double K = sra_pieces(S, p);
         out.overlap_s = std::min(out.wire_s, out.compute_s) * K / (K + 1);
       } else {
         out.overlap_s = std::min(out.wire_s, cpu);
@@ -252,27 +252,27 @@ inline prediction predict_idle(algorithm a, const problem& pr, const machine& m,
     }
     case algorithm::hierarchical: {
       // 1. raw reduce-scatter inside the node (hierarchical<uncompressed, ring>).
-      detail::traffic t1;
+      traffic t1;
       t1.rounds = L > 1 ? 1 : 0;
       t1.rank_intra = (L - 1) * S / L;
       t1.node_intra = L * t1.rank_intra;
       // 2. L rings across the N nodes, each on S / L; all L leave through the node's NIC.
-      const auto t2 = detail::ring_traffic(c / L, N, 1);
+      const auto t2 = ring_traffic(c / L, N, 1);
       // 3. raw allgather inside the node.
-      detail::traffic t3;
+      traffic t3;
       t3.rounds = L > 1 ? 1 : 0;
       t3.rank_intra = (L - 1) * S / L;
       t3.node_intra = L * t3.rank_intra;
-      detail::traffic t2n = t2;
+      traffic t2n = t2;
       t2n.node_out = L * t2.node_out;
       out.latency_s = t1.rounds * m.intra.alpha_s + t2.rounds * m.inter.alpha_s + t3.rounds * m.intra.alpha_s;
-      out.wire_s = detail::wire_time(t1, m, idle_s) + detail::wire_time(t2n, m, idle_s) + detail::wire_time(t3, m, idle_s);
+      const double w1 = wire_time(t1, m, idle_s), w2 = wire_time(t2n, m, idle_s), w3 = wire_time(t3, m, idle_s);
+      out.wire_s = w1 + w2 + w3;
       // The three phases run one after the other; in each, the CPU cost of moving the
       // bytes overlaps that phase's wire time only.
       const double c1 = net_cpu(rank_sent(t1)), c2 = net_cpu(rank_sent(t2n) / L), c3 = net_cpu(rank_sent(t3));
       out.compute_s = (L - 1) * S / L / A + (N > 1 ? flat_compute(S / L, N) : 0) + c1 + c2 + c3;
-      out.overlap_s = std::min(detail::wire_time(t1, m, idle_s), c1) + std::min(detail::wire_time(t2n, m, idle_s), c2) +
-                      std::min(detail::wire_time(t3, m, idle_s), c3);
+      out.overlap_s = std::min(w1, c1) + std::min(w2, c2) + std::min(w3, c3);
       break;
     }
   }
