@@ -1,10 +1,12 @@
 // hierarchical<Intra, Inter> over emulated nodes of two ranks (node = rank / 2):
 // 2 x 2 at four ranks, one node at two, one at one; three ranks make unequal nodes,
-// which the plan must refuse with cgx::error on every rank.
+// which the plan must refuse with cgx::error on every rank. Then the reducers' use of
+// rng.position when nested.
 #include <doctest/doctest.h>
 
 #include <cgx/cgx.hpp>
 
+#include <string>
 #include <vector>
 
 #include "mpi_test_util.hpp"
@@ -96,4 +98,33 @@ TEST_CASE("hierarchical<tree, SRA> on MPI's own node split (one node here)") {
   plan(v.data(), v.size());
   CHECK(identical_on_all_ranks(v));
   CHECK(outside_generic_bound<float, Q>(v, 8, cgx::comm::tree::quantizations(world_size())) == 0);
+}
+
+TEST_CASE("reducers honour rng.position: a nested call draws its own random numbers") {
+  // hierarchical hands each inter-node group a position offset by its chunk's start;
+  // a reducer that ignored it would round every group's chunk with the same numbers.
+  const int r = world_rank();
+  const int p = world_size();
+  if (p < 2) return;
+  using Q = cgx::quant::maxmin<4, 1024, cgx::quant::stochastic>;
+  auto check = [&]<class R>(R) {
+    const std::string name = R::name;
+    CAPTURE(name);
+    mpi x{MPI_COMM_WORLD};
+    typename R::template schedule<float, Q, mpi> s{x};
+    const std::size_t n = 8192;
+    std::vector<std::byte> ws(R::template schedule<float, Q, mpi>::workspace_bytes(n, p));
+    cgx::quant::rng_state rng;
+    auto a = inputs<float>(r, n, 11), b = a, c = a;
+    s.run(a.data(), n, x, ws.data(), rng, {});
+    s.run(b.data(), n, x, ws.data(), rng, {});
+    rng.position = 4096;
+    s.run(c.data(), n, x, ws.data(), rng, {});
+    CHECK(a == b);  // same position, same bits
+    CHECK(a != c);  // another position, other random numbers
+    CHECK(identical_on_all_ranks(c));
+  };
+  check(cgx::comm::ring{});
+  check(SRA{});
+  check(cgx::comm::tree{});
 }

@@ -87,7 +87,7 @@ struct ring {
         if (out.count != 0) {
           quant::rng_state st = rng;
           st.stream = static_cast<std::uint32_t>(me);
-          st.position = out.begin;
+          st.position = rng.position + out.begin;
           Q::template compress<T>(buf + out.begin, out.count, sbuf, st, ex);
           q[nq++] = x.isend(sbuf, bytes_of(out), right, tag_reduce);
         }
@@ -101,7 +101,7 @@ struct ring {
       if (mine.count != 0) {
         quant::rng_state st = rng;
         st.stream = static_cast<std::uint32_t>(p + me);
-        st.position = mine.begin;
+        st.position = rng.position + mine.begin;
         Q::template compress<T>(buf + mine.begin, mine.count, gslot(own), st, ex);
         if constexpr (!Q::lossless) Q::template decompress<T>(gslot(own), mine.count, buf + mine.begin, ex);
       }

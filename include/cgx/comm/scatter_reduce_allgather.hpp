@@ -129,7 +129,7 @@ struct scatter_reduce_allgather {
           if (c.values.count == 0) continue;
           quant::rng_state s = rng;
           s.stream = static_cast<std::uint32_t>(me);
-          s.position = c.values.begin;
+          s.position = rng.position + c.values.begin;
           Q::template compress<T>(buf + c.values.begin, c.values.count, sslot(r) + c.offset, s, ex);
           sends_.push_back(x.isend(sslot(r) + c.offset, c.bytes, r, tag_scatter));
         }
@@ -155,7 +155,7 @@ struct scatter_reduce_allgather {
           // The sum is quantized once; the owner keeps the decoded bytes, like everyone else.
           quant::rng_state s = rng;
           s.stream = static_cast<std::uint32_t>(p + me);
-          s.position = m.values.begin;
+          s.position = rng.position + m.values.begin;
           Q::template compress<T>(buf + m.values.begin, m.values.count, sslot(me) + m.offset, s, ex);
           if constexpr (!Q::lossless)
             Q::template decompress<T>(sslot(me) + m.offset, m.values.count, buf + m.values.begin, ex);
@@ -201,7 +201,7 @@ struct scatter_reduce_allgather {
         if (c.count == 0) continue;
         quant::rng_state s = rng;
         s.stream = static_cast<std::uint32_t>(me);
-        s.position = c.begin;
+        s.position = rng.position + c.begin;
         Q::template compress<T>(buf + c.begin, c.count, sslot(r), s, ex);
         reqs_.push_back(x.isend(sslot(r), Q::template compressed_bytes<T>(c.count), r, tag_scatter));
       }
@@ -215,7 +215,7 @@ struct scatter_reduce_allgather {
         // The sum is quantized once; the owner keeps the decoded bytes, like everyone else.
         quant::rng_state s = rng;
         s.stream = static_cast<std::uint32_t>(p + me);
-        s.position = mine.begin;
+        s.position = rng.position + mine.begin;
         Q::template compress<T>(buf + mine.begin, mine.count, sslot(me), s, ex);
         if constexpr (!Q::lossless) Q::template decompress<T>(sslot(me), mine.count, buf + mine.begin, ex);
       }

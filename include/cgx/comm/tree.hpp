@@ -90,7 +90,7 @@ struct tree {
       if (me < 2 * extra) {
         if (me % 2 == 0) {
           quant::rng_state s = stream(0);
-          s.position = 0;
+          s.position = rng.position;
           Q::template compress<T>(buf, n, scratch, s, ex);
           auto r = x.isend(scratch, bytes_of(n), me + 1, tag_fold);
           x.wait_all(std::span(&r, 1));
@@ -120,7 +120,7 @@ struct tree {
           if (keep.count != 0) reqs_.push_back(x.irecv(scratch, bytes_of(keep.count), real(partner), tag_halve));
           if (send.count != 0) {
             quant::rng_state s = stream(step);
-            s.position = send.begin;
+            s.position = rng.position + send.begin;
             Q::template compress<T>(buf + send.begin, send.count, scratch + whole_bytes(n), s, ex);
             reqs_.push_back(x.isend(scratch + whole_bytes(n), bytes_of(send.count), real(partner), tag_halve));
           }
@@ -134,7 +134,7 @@ struct tree {
         const chunk mine = chunk_of(n, q, v);
         if (mine.count != 0) {
           quant::rng_state s = stream(step);
-          s.position = mine.begin;
+          s.position = rng.position + mine.begin;
           Q::template compress<T>(buf + mine.begin, mine.count, cslot(v), s, ex);
           if constexpr (!Q::lossless) Q::template decompress<T>(cslot(v), mine.count, buf + mine.begin, ex);
         }
