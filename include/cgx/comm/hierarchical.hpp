@@ -14,8 +14,36 @@
 ///     `Inter`: L independent inter-node reductions of 1/L of the buffer run side by
 ///     side, so every rank's link to the other nodes carries 1/L of the data;
 ///  3. within each node, every rank sends its finished chunk to the others as raw
-///     values (no quantization: the bits stay those of step 2).
+///     values (no quantization: the bits stay those of step 2; but see below for two
+///     nodes).
 ///
+/// Two nodes (N = 2) are special: there an `Inter` of ring, scatter_reduce_allgather,
+/// tree or uncompressed is a symmetric exchange, both ranks of a pair sending to each
+/// other at once. Over Open MPI's TCP transport such a pair gets about 2/3 of a full-
+/// duplex link each way: the rendezvous handshake of one direction's messages waits
+/// behind the other direction's bulk data on the same connection (measured on
+/// bench/netns-cluster: a 2 x 2 exchange of 32 MiB each way took 820-870 ms against
+/// 560-580 ms for the same bytes sent by different pairs in the two directions, or as
+/// eager-sized messages; plain TCP sockets carry both directions at the link's rate).
+/// So on two nodes, for chunks of at least `cross_min_bytes`, the groups are paired and
+/// crossed: group l's chunk is reduced on node l mod 2. The other node sends its
+/// compressed chunk there (piece by piece, compressing as it sends); the owner adds each
+/// piece as it arrives and quantizes the sum, and only when all pieces are in does it
+/// send the sum back, which the other node decodes. Groups 2i and 2i + 1 run in
+/// opposite directions, so each direction of the link is busy with one group's bytes
+/// while no pair ever sends both ways at once. The bytes per direction are those of
+/// the symmetric exchange (the compressed chunk), the quantizations the same (2 on the
+/// sender's contribution, 1 on the owner's; none for uncompressed), and every rank
+/// ends with the owner's bits. With L odd the last group has no partner and runs
+/// `Inter` as is. `crossed(n)` tells whether this rank's group is crossed.
+/// When the groups are crossed, two more things change:
+///  - with Intra = uncompressed, steps 1 and 2 run fused, piece by piece: a rank adds
+///    the node's parts of piece k of its chunk (in rank order, as uncompressed does)
+///    and sends it on while the node's ranks still exchange the later pieces;
+///  - under a lossy quantizer, step 3 moves the compressed sums instead of raw values
+///    (1/ratio of the bytes through the node); the receivers decode the bytes the
+///    group decoded, so the bits are the same.
+
 /// Nodes come from the transport: `X::node()` (for comm::mpi, MPI's shared-memory
 /// domains, or the node numbers the caller gave with comm::mpi::nodes), and the
 /// inter-node groups from `X::split(local index, node index)`. Both are made once,
@@ -27,16 +55,20 @@
 /// inputs are the node sums, each carrying the intra-node error).
 
 #include <cstddef>
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../quant/host_exec.hpp"
 #include "../quant/rounding.hpp"
+#include "../quant/none.hpp"
 #include "chunking.hpp"
 #include "uncompressed.hpp"
 
@@ -48,6 +80,13 @@ concept splittable_transport = transport<X> && requires(const X& x, int color, i
   { x.split(color, key) } -> std::same_as<X>;
   { x.node() } -> std::same_as<X>;
 };
+
+/// Whether reducer R, run on two ranks, is a symmetric exchange (each rank sends the
+/// other half of the buffer, both at once, and they end with the same bits): R declares
+/// `static constexpr bool symmetric_at_two = true`. hierarchical<Intra, R> then crosses
+/// its groups on two nodes (see hierarchical.hpp).
+template <class R>
+inline constexpr bool symmetric_at_two = requires { requires R::symmetric_at_two; };
 
 /// Intra-node allreduce, inter-node allreduce of 1/L of the buffer per local rank,
 /// intra-node allgather of raw values (see the file comment).
@@ -77,7 +116,7 @@ struct hierarchical {
         a = std::max(a, intra_schedule::workspace_bytes(n, k));
         b = std::max(b, inter_schedule::workspace_bytes(n, k));
       }
-      return std::max(a, b);
+      return std::max({a, b, crossed_bytes(n, p)});
     }
 
     /// Collective: splits the transport into node and inter-node groups. Throws
@@ -96,6 +135,8 @@ struct hierarchical {
         throw error(errc::communicator, "cgx::comm::hierarchical: nodes hold different numbers of ranks (between " +
                                             std::to_string(-v[1]) + " and " + std::to_string(v[0]) +
                                             "); give every node the same number of ranks");
+      const int nodes = inter_x_->size();
+      crossed_groups_ = symmetric_at_two<Inter> && nodes == 2 ? per_node - per_node % 2 : 0;
       intra_.emplace(*intra_x_);
       inter_.emplace(*inter_x_);
     }
@@ -105,14 +146,34 @@ struct hierarchical {
     int nodes() const { return inter_x_->size(); }
     /// Quantizations per element of this layout.
     int quantizations() const { return Intra::quantizations(ranks_per_node()) + Inter::quantizations(nodes()); }
+    /// Whether a call on n values runs this rank's inter-node group as the crossed
+    /// two-node exchange instead of `Inter` (see the file comment).
+    bool crossed(std::size_t n) const { return intra_x_->rank() < crossed_groups(n); }
+
+    /// The crossed exchange runs only for chunks of at least this many bytes (raw, per
+    /// group): below, its two one-way rounds of larger messages cost more latency than
+    /// the shared link loses (on bench/netns-cluster at 1 MiB: 1.4 ms against 1.1 for
+    /// the ring; equal at 4 MiB; 30.7 against 35.9 ms at 16 MiB, 142 against 169 at 64).
+    static constexpr std::size_t cross_min_bytes = std::size_t{2} << 20;
 
     /// In place sum over all ranks of buf[0..n). Collective.
     void run(T* buf, std::size_t n, X&, std::byte* ws, const quant::rng_state& rng, quant::host_exec ex) {
       if (n == 0) return;
       const int L = intra_x_->size();
       const int l = intra_x_->rank();
+      // With Intra = uncompressed and crossed groups, steps 1 and 2 run fused, piece by
+      // piece: the node sum of piece k is ready (and on its way to the other node) while
+      // the ranks of the node still exchange the later pieces. The choice is node-wide
+      // (every local rank must post the same messages): with L odd the last, uncrossed
+      // group takes part in the fused step 1 and sums all its pieces before running Inter.
+      const int crossing = crossed_groups(n);
+      const bool in_cross = l < crossing;
+      const bool fuse = std::is_same_v<Intra, uncompressed> && crossing > 0;
+      const chunk mine = chunk_of(n, L, l, granule);
       // 1. Node sum (of this rank's chunk only, when Intra can reduce-scatter).
-      if constexpr (requires { intra_->reduce_scatter(buf, n, *intra_x_, ws, ex); }) {
+      if (fuse) {
+        post_node_parts(buf, n, ws + fused_parts_offset(n, L));
+      } else if constexpr (requires { intra_->reduce_scatter(buf, n, *intra_x_, ws, ex); }) {
         static_assert(intra_schedule::granule == granule, "hierarchical: Intra must cut chunks like the plan");
         intra_->reduce_scatter(buf, n, *intra_x_, ws, ex);
       } else {
@@ -121,31 +182,254 @@ struct hierarchical {
         intra_->run(buf, n, *intra_x_, ws, r1, ex);
       }
       // 2. Chunk l across nodes (its own random stream: a different seed).
-      const chunk mine = chunk_of(n, L, l, granule);
+      const std::byte* packed = nullptr;  // the crossed exchange's compressed sum of my chunk
       if (mine.count != 0) {
         quant::rng_state r2 = rng;
         r2.seed = rng.seed ^ 0x5be0cd19137e2179ull;
         r2.position = rng.position + mine.begin;
-        inter_->run(buf + mine.begin, mine.count, *inter_x_, ws, r2, ex);
+        // Adds the node's other parts of piece k of my chunk, in rank order (fused only).
+        auto node_sum = [&, parts = ws + fused_parts_offset(n, L)](std::size_t k) {
+          if (!fuse) return;
+          const auto pieces = cross_layout<quant::none>(mine.count);
+          const std::size_t K = cross_pieces(mine.count);
+          const std::size_t raw = round_to_line(largest_chunk(n, L, granule) * sizeof(T));
+          for (int r = 0, j = 0; r < L; ++r) {
+            if (r == l) continue;
+            intra_x_->wait_all(std::span(node_recv_.data() + static_cast<std::size_t>(j) * K + k, 1));
+            quant::none::template decompress_add<T>(parts + static_cast<std::size_t>(j) * raw + pieces[k].values.begin * sizeof(T),
+                                                     pieces[k].values.count, buf + mine.begin + pieces[k].values.begin, ex);
+            ++j;
+          }
+        };
+        if (!in_cross) {
+          for (std::size_t k = 0; fuse && k < cross_pieces(mine.count); ++k) node_sum(k);
+          inter_->run(buf + mine.begin, mine.count, *inter_x_, ws, r2, ex);
+        } else if constexpr (Inter::quantizations(2) == 0)
+          cross<quant::none>(buf + mine.begin, mine.count, ws, l % 2, r2, ex, node_sum);
+        else if constexpr (Q::lossless)
+          cross<Q>(buf + mine.begin, mine.count, ws, l % 2, r2, ex, node_sum);  // shared raw
+        else
+          packed = cross<Q>(buf + mine.begin, mine.count, ws, l % 2, r2, ex, node_sum);
       }
-      // 3. Share the finished chunks within the node, as raw values.
+      if (fuse) intra_x_->wait_all(std::span(node_send_));  // buf is written again below
+      // 3. Share the finished chunks within the node: as raw values, or, for the chunks
+      // of crossed groups under a lossy quantizer, as the compressed sum every rank of
+      // the group decoded (the receiver decodes the same bytes: the same bits, 1/ratio
+      // of the bytes through the node).
       if (L > 1) {
+        const std::size_t slot = share_slot(n, L);
         reqs_.clear();
         for (int k = 0; k < L; ++k) {
           if (k == l) continue;
           const chunk c = chunk_of(n, L, k, granule);
-          if (c.count != 0) reqs_.push_back(intra_x_->irecv(buf + c.begin, c.count * sizeof(T), k, tag_share));
+          if (c.count == 0) continue;
+          if (packed_share(k, crossing))
+            reqs_.push_back(intra_x_->irecv(ws + static_cast<std::size_t>(2 + k) * slot, cross_slot<Q>(c.count), k, tag_share));
+          else
+            reqs_.push_back(intra_x_->irecv(buf + c.begin, c.count * sizeof(T), k, tag_share));
         }
         if (mine.count != 0)
-          for (int k = 0; k < L; ++k)
-            if (k != l) reqs_.push_back(intra_x_->isend(buf + mine.begin, mine.count * sizeof(T), k, tag_share));
+          for (int k = 0; k < L; ++k) {
+            if (k == l) continue;
+            reqs_.push_back(packed != nullptr ? intra_x_->isend(packed, cross_slot<Q>(mine.count), k, tag_share)
+                                              : intra_x_->isend(buf + mine.begin, mine.count * sizeof(T), k, tag_share));
+          }
         intra_x_->wait_all(std::span(reqs_));
+        for (int k = 0; k < L; ++k) {
+          const chunk c = chunk_of(n, L, k, granule);
+          if (k != l && c.count != 0 && packed_share(k, crossing))
+            unpack<Q>(ws + static_cast<std::size_t>(2 + k) * slot, c.count, buf + c.begin, ex);
+        }
       }
     }
 
    private:
     static constexpr int tag_share = 0x6380;
+    static constexpr int tag_cross = 0x6381;  // to the owner
+    static constexpr int tag_back = 0x6382;   // the sum, from the owner
+    static constexpr int tag_node = 0x6383;   // fused step 1: a piece of the node sum
+
+    static constexpr std::size_t cross_max_pieces = 8;
+    static constexpr std::size_t cross_piece_bytes = std::size_t{1} << 20;  // uncompressed input per piece, at least
+
+    /// Pieces of the crossed exchange for m values (the same on both nodes).
+    static std::size_t cross_pieces(std::size_t m) {
+      return std::clamp<std::size_t>(m * sizeof(T) / cross_piece_bytes, 1, cross_max_pieces);
+    }
+
+    /// Piece k of m values: its values and where its compressed bytes lie in a slot.
+    struct piece_t {
+      chunk values;
+      std::size_t offset, bytes;
+    };
+    template <class QX>
+    static std::array<piece_t, cross_max_pieces> cross_layout(std::size_t m) {
+      const std::size_t K = cross_pieces(m);
+      std::array<piece_t, cross_max_pieces> pieces{};
+      for (std::size_t k = 0, off = 0; k < K; ++k) {
+        const chunk c = comm::chunk_of(m, static_cast<int>(K), static_cast<int>(k), granule);
+        pieces[k] = {c, off, QX::template compressed_bytes<T>(c.count)};
+        off += pieces[k].bytes;
+      }
+      return pieces;
+    }
+
+    /// Compressed bytes of the K pieces of m values under QX.
+    template <class QX>
+    static std::size_t cross_slot(std::size_t m) {
+      const auto pieces = cross_layout<QX>(m);
+      std::size_t sum = 0;
+      for (std::size_t k = 0; k < cross_pieces(m); ++k) sum += pieces[k].bytes;
+      return sum;
+    }
+
+    /// Decodes the K compressed pieces of m values.
+    template <class QX>
+    static void unpack(const std::byte* in, std::size_t m, T* out, quant::host_exec ex) {
+      const auto pieces = cross_layout<QX>(m);
+      for (std::size_t k = 0; k < cross_pieces(m); ++k)
+        QX::template decompress<T>(in + pieces[k].offset, pieces[k].values.count, out + pieces[k].values.begin, ex);
+    }
+
+    /// Whether local rank k's chunk is shared compressed in step 3: its group is crossed
+    /// and the plan's quantizer is lossy (the same answer on every rank of the node).
+    bool packed_share(int k, int crossing) const {
+      if constexpr (Q::lossless || Inter::quantizations(2) == 0)
+        return false;
+      else
+        return k < crossing;
+    }
+
+    /// Local ranks 0 .. crossed_groups(n) - 1 run crossed groups in a call on n values
+    /// (the same on every rank: it depends on n and the layout only).
+    int crossed_groups(std::size_t n) const {
+      return largest_chunk(n, intra_x_->size(), granule) * sizeof(T) >= cross_min_bytes ? crossed_groups_ : 0;
+    }
+
+    /// Bytes per slot of the crossed exchange and the compressed share for L ranks per node.
+    static std::size_t share_slot(std::size_t n, int L) { return round_to_line(cross_slot<Q>(largest_chunk(n, L, granule))); }
+
+    /// Offset in ws of the node's raw parts of my chunk when steps 1 and 2 are fused:
+    /// after the crossed exchange's two slots.
+    static std::size_t fused_parts_offset(std::size_t n, int L) {
+      const std::size_t m = largest_chunk(n, L, granule);
+      if constexpr (Inter::quantizations(2) == 0)
+        return 2 * round_to_line(cross_slot<quant::none>(m));
+      else
+        return 2 * round_to_line(cross_slot<Q>(m));
+    }
+
+    /// Fused step 1: posts the receives of the other local ranks' parts of my chunk,
+    /// piece by piece (the pieces of the crossed exchange), into `parts`, and sends my
+    /// parts of their chunks likewise. node_sum() in step 2 adds them as they arrive.
+    void post_node_parts(const T* buf, std::size_t n, std::byte* parts) {
+      const int L = intra_x_->size();
+      const int l = intra_x_->rank();
+      const std::size_t raw = round_to_line(largest_chunk(n, L, granule) * sizeof(T));
+      node_recv_.clear();
+      node_send_.clear();
+      const chunk mine = chunk_of(n, L, l, granule);
+      if (mine.count != 0) {
+        const auto pieces = cross_layout<quant::none>(mine.count);
+        for (int r = 0, j = 0; r < L; ++r) {
+          if (r == l) continue;
+          for (std::size_t k = 0; k < cross_pieces(mine.count); ++k)
+            node_recv_.push_back(intra_x_->irecv(parts + static_cast<std::size_t>(j) * raw + pieces[k].values.begin * sizeof(T),
+                                                 pieces[k].values.count * sizeof(T), r, tag_node));
+          ++j;
+        }
+      }
+      // Piece k of every other rank's chunk first, then piece k + 1: each owner gets its
+      // first pieces early.
+      for (std::size_t k = 0; k < cross_max_pieces; ++k)
+        for (int step = 1; step < L; ++step) {
+          const int r = (l + step) % L;
+          const chunk c = chunk_of(n, L, r, granule);
+          if (c.count == 0 || k >= cross_pieces(c.count)) continue;
+          const piece_t pc = cross_layout<quant::none>(c.count)[k];
+          node_send_.push_back(intra_x_->isend(buf + c.begin + pc.values.begin, pc.values.count * sizeof(T), r, tag_node));
+        }
+    }
+
+    /// Workspace of the crossed exchange (a send and a receive slot for the chunk of a
+    /// group), of the fused node sum (a raw slot per other local rank) and of the
+    /// compressed share (a slot per local rank), for any L >= 2.
+    static std::size_t crossed_bytes(std::size_t n, int p) {
+      if constexpr (!symmetric_at_two<Inter>) {
+        return 0;
+      } else {
+        std::size_t most = 0;
+        for (int L = 2; L <= p; ++L) {
+          const std::size_t m = largest_chunk(n, L, granule);
+          const std::size_t fused = fused_parts_offset(n, L) + static_cast<std::size_t>(L - 1) * round_to_line(m * sizeof(T));
+          const std::size_t packed = Inter::quantizations(2) == 0 ? 0 : static_cast<std::size_t>(L + 2) * share_slot(n, L);
+          most = std::max({most, fused, packed});
+        }
+        return most;
+      }
+    }
+
+    /// The crossed two-node exchange of v[0..m) with the other node's rank of this group
+    /// (see the file comment); `owner` (0 or 1) is the inter-node rank that sums. QX is
+    /// the plan's quantizer, or quant::none when Inter does not quantize. Returns the
+    /// compressed sum (in ws), which every rank of the group decoded into v.
+    template <class QX, class NodeSum>
+    const std::byte* cross(T* v, std::size_t m, std::byte* ws, int owner, const quant::rng_state& rng, quant::host_exec ex,
+                           NodeSum&& node_sum) {
+      X& x = *inter_x_;
+      const int me = x.rank();
+      const int other = 1 - me;
+      const std::size_t K = cross_pieces(m);
+      const auto pieces = cross_layout<QX>(m);
+      std::byte* out = ws;
+      std::byte* in = ws + round_to_line(cross_slot<QX>(m));
+      auto stream = [&](std::uint32_t s, const chunk& c) {
+        quant::rng_state st = rng;
+        st.stream = s;
+        st.position = rng.position + c.begin;
+        return st;
+      };
+      cross_recv_.clear();
+      cross_send_.clear();
+      if (me != owner) {
+        // Post the receives of the sums, then compress and send piece by piece.
+        for (std::size_t k = 0; k < K; ++k) cross_recv_.push_back(x.irecv(in + pieces[k].offset, pieces[k].bytes, owner, tag_back));
+        for (std::size_t k = 0; k < K; ++k) {
+          const piece_t& pc = pieces[k];
+          node_sum(k);
+          QX::template compress<T>(v + pc.values.begin, pc.values.count, out + pc.offset,
+                                   stream(static_cast<std::uint32_t>(me), pc.values), ex);
+          cross_send_.push_back(x.isend(out + pc.offset, pc.bytes, owner, tag_cross));
+        }
+        for (std::size_t k = 0; k < K; ++k) {
+          const piece_t& pc = pieces[k];
+          x.wait_all(std::span(cross_recv_.data() + k, 1));
+          QX::template decompress<T>(in + pc.offset, pc.values.count, v + pc.values.begin, ex);
+        }
+        x.wait_all(std::span(cross_send_));
+        return in;
+      }
+      for (std::size_t k = 0; k < K; ++k) cross_recv_.push_back(x.irecv(in + pieces[k].offset, pieces[k].bytes, other, tag_cross));
+      // Add each piece as it arrives and quantize its sum at once (the owner keeps the
+      // decoded bytes, like the other node), but send nothing back before the last piece
+      // is in: then the pair's connection carries one direction at a time.
+      for (std::size_t k = 0; k < K; ++k) {
+        const piece_t& pc = pieces[k];
+        node_sum(k);
+        x.wait_all(std::span(cross_recv_.data() + k, 1));
+        QX::template decompress_add<T>(in + pc.offset, pc.values.count, v + pc.values.begin, ex);
+        QX::template compress<T>(v + pc.values.begin, pc.values.count, out + pc.offset,
+                                 stream(static_cast<std::uint32_t>(2 + me), pc.values), ex);
+        if constexpr (!QX::lossless) QX::template decompress<T>(out + pc.offset, pc.values.count, v + pc.values.begin, ex);
+      }
+      for (std::size_t k = 0; k < K; ++k) cross_send_.push_back(x.isend(out + pieces[k].offset, pieces[k].bytes, other, tag_back));
+      x.wait_all(std::span(cross_send_));
+      return out;
+    }
+
     std::optional<X> intra_x_, inter_x_;
+    int crossed_groups_ = 0;  // crossed groups of a large call: L or L - 1 on two nodes, else 0
+    std::vector<typename X::request> cross_recv_, cross_send_, node_recv_, node_send_;
     std::optional<intra_schedule> intra_;
     std::optional<inter_schedule> inter_;
     std::vector<typename X::request> reqs_;

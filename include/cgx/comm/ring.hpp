@@ -48,6 +48,10 @@ struct ring {
   /// Quantizations an element goes through on its longest path.
   static constexpr int quantizations(int p) { return p > 1 ? p : 0; }
 
+  /// On two ranks each sends the other half of the buffer, both at once (see
+  /// comm::symmetric_at_two; hierarchical crosses such groups on two nodes).
+  static constexpr bool symmetric_at_two = true;
+
   template <class T, class Q, class X>
   class schedule {
    public:

@@ -47,6 +47,10 @@ struct scatter_reduce_allgather {
   /// Quantizations an element goes through on its longest path.
   static constexpr int quantizations(int p) { return p > 1 ? 2 : 0; }
 
+  /// On two ranks each sends the other half of the buffer, both at once (see
+  /// comm::symmetric_at_two; hierarchical crosses such groups on two nodes).
+  static constexpr bool symmetric_at_two = true;
+
   /// The schedule for values T, quantizer Q, transport X. Holds no buffers of its own
   /// beyond a request list sized at construction; the plan gives it the workspace.
   template <class T, class Q, class X>

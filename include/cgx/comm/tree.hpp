@@ -52,6 +52,10 @@ struct tree {
     return std::countr_zero(static_cast<unsigned>(q)) + 1 + (p != q ? 1 : 0);
   }
 
+  /// On two ranks each sends the other half of the buffer, both at once (see
+  /// comm::symmetric_at_two; hierarchical crosses such groups on two nodes).
+  static constexpr bool symmetric_at_two = true;
+
   template <class T, class Q, class X>
   class schedule {
    public:

@@ -34,6 +34,10 @@ struct uncompressed {
   /// Quantizations an element goes through: none.
   static constexpr int quantizations(int) { return 0; }
 
+  /// On two ranks each sends the other half of the buffer, both at once (see
+  /// comm::symmetric_at_two; hierarchical crosses such groups on two nodes).
+  static constexpr bool symmetric_at_two = true;
+
   template <class T, class Q, class X>
   class schedule {
    public:
