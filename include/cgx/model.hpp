@@ -35,6 +35,11 @@
 ///   hierarchical hierarchical<uncompressed, ring>: a raw reduce-scatter inside each node
 ///                ((L-1)/L S per rank, adds), ring across nodes on S/L per rank (L rings
 ///                per NIC), then an allgather of raw values inside the node ((L-1)/L S).
+///                On two nodes (L >= 2, chunks S/L of 2 MiB and more) the groups are
+///                crossed instead of ringed: the same bytes each way, the same compute
+///                per rank on average, pipelined in pieces like sra, and the allgather
+///                inside the node moves the compressed sums ((L-1)/L c, decoded)
+///                (see comm/hierarchical.hpp).
 ///   mpi_ring     the uncompressed ring allreduce: c = S, 2 (p-1) rounds, adds (p-1)/p S.
 /// The model is checked against measurements on emulated networks by tests/test_model.cpp
 /// (docs/results/ holds the data) and prints projections with
@@ -258,10 +263,13 @@ inline prediction predict_idle(algorithm a, const problem& pr, const machine& m,
       t1.node_intra = L * t1.rank_intra;
       // 2. L rings across the N nodes, each on S / L; all L leave through the node's NIC.
       const auto t2 = ring_traffic(c / L, N, 1);
-      // 3. raw allgather inside the node.
+      // 3. allgather inside the node: raw values, or on two nodes under compression the
+      // compressed sums (each rank decodes the L - 1 chunks it receives).
+      const bool crossed = N == 2 && L >= 2 && S / L >= 2 * 1048576.0;  // hierarchical's cross_min_bytes
+      const bool packed = crossed && pr.bits != 0;
       traffic t3;
       t3.rounds = L > 1 ? 1 : 0;
-      t3.rank_intra = (L - 1) * S / L;
+      t3.rank_intra = (L - 1) * (packed ? c : S) / L;
       t3.node_intra = L * t3.rank_intra;
       traffic t2n = t2;
       t2n.node_out = L * t2.node_out;
@@ -271,8 +279,15 @@ inline prediction predict_idle(algorithm a, const problem& pr, const machine& m,
       // The three phases run one after the other; in each, the CPU cost of moving the
       // bytes overlaps that phase's wire time only.
       const double c1 = net_cpu(rank_sent(t1)), c2 = net_cpu(rank_sent(t2n) / L), c3 = net_cpu(rank_sent(t3));
-      out.compute_s = (L - 1) * S / L / A + (N > 1 ? flat_compute(S / L, N) : 0) + c1 + c2 + c3;
-      out.overlap_s = std::min(w1, c1) + std::min(w2, c2) + std::min(w3, c3);
+      const double q2 = N > 1 ? flat_compute(S / L, N) : 0;
+      out.compute_s = (L - 1) * S / L / A + q2 + (packed ? (L - 1) * S / L / D : 0) + c1 + c2 + c3;
+      // Crossed on two nodes: the quantizer works piece by piece while the bytes move;
+      // about one piece's share of it does not overlap (as in sra). (Steps 1 and 2 then
+      // also run fused, piece by piece; that overlap is not modelled: on the 2-core
+      // development host it gained 5-6%, the ranks' CPU being the limit.)
+      const double K = sra_pieces(S, L);
+      const double ov2 = crossed ? std::min(w2, c2 + q2 * K / (K + 1)) : std::min(w2, c2);
+      out.overlap_s = std::min(w1, c1) + ov2 + std::min(w3, c3);
       break;
     }
   }
