@@ -188,28 +188,27 @@ struct hierarchical {
         r2.seed = rng.seed ^ 0x5be0cd19137e2179ull;
         r2.position = rng.position + mine.begin;
         // Adds the node's other parts of piece k of my chunk, in rank order (fused only).
-        auto node_sum = [&, parts = ws + fused_parts_offset(n, L)](std::size_t k) {
+        const std::size_t K = cross_pieces(mine.count);
+        const std::size_t raw = round_to_line(largest_chunk(n, L, granule) * sizeof(T));
+        std::byte* const parts = ws + fused_parts_offset(n, L);
+        auto node_sum = [&](std::size_t k) {
           if (!fuse) return;
-          const auto pieces = cross_layout<quant::none>(mine.count);
-          const std::size_t K = cross_pieces(mine.count);
-          const std::size_t raw = round_to_line(largest_chunk(n, L, granule) * sizeof(T));
+          const chunk pv = piece_values(mine.count, k);
           for (int r = 0, j = 0; r < L; ++r) {
             if (r == l) continue;
             intra_x_->wait_all(std::span(node_recv_.data() + static_cast<std::size_t>(j) * K + k, 1));
-            quant::none::template decompress_add<T>(parts + static_cast<std::size_t>(j) * raw + pieces[k].values.begin * sizeof(T),
-                                                     pieces[k].values.count, buf + mine.begin + pieces[k].values.begin, ex);
+            quant::none::template decompress_add<T>(parts + static_cast<std::size_t>(j) * raw + pv.begin * sizeof(T), pv.count,
+                                                     buf + mine.begin + pv.begin, ex);
             ++j;
           }
         };
         if (!in_cross) {
-          for (std::size_t k = 0; fuse && k < cross_pieces(mine.count); ++k) node_sum(k);
+          for (std::size_t k = 0; fuse && k < K; ++k) node_sum(k);
           inter_->run(buf + mine.begin, mine.count, *inter_x_, ws, r2, ex);
-        } else if constexpr (Inter::quantizations(2) == 0)
-          cross<quant::none>(buf + mine.begin, mine.count, ws, l % 2, r2, ex, node_sum);
-        else if constexpr (Q::lossless)
-          cross<Q>(buf + mine.begin, mine.count, ws, l % 2, r2, ex, node_sum);  // shared raw
-        else
-          packed = cross<Q>(buf + mine.begin, mine.count, ws, l % 2, r2, ex, node_sum);
+        } else {
+          const std::byte* sum = cross(buf + mine.begin, mine.count, ws, l % 2, r2, ex, node_sum);
+          if constexpr (!wire_q::lossless) packed = sum;
+        }
       }
       if (fuse) intra_x_->wait_all(std::span(node_send_));  // buf is written again below
       // 3. Share the finished chunks within the node: as raw values, or, for the chunks
@@ -224,21 +223,21 @@ struct hierarchical {
           const chunk c = chunk_of(n, L, k, granule);
           if (c.count == 0) continue;
           if (packed_share(k, crossing))
-            reqs_.push_back(intra_x_->irecv(ws + static_cast<std::size_t>(2 + k) * slot, cross_slot<Q>(c.count), k, tag_share));
+            reqs_.push_back(intra_x_->irecv(ws + static_cast<std::size_t>(2 + k) * slot, cross_slot(c.count), k, tag_share));
           else
             reqs_.push_back(intra_x_->irecv(buf + c.begin, c.count * sizeof(T), k, tag_share));
         }
         if (mine.count != 0)
           for (int k = 0; k < L; ++k) {
             if (k == l) continue;
-            reqs_.push_back(packed != nullptr ? intra_x_->isend(packed, cross_slot<Q>(mine.count), k, tag_share)
+            reqs_.push_back(packed != nullptr ? intra_x_->isend(packed, cross_slot(mine.count), k, tag_share)
                                               : intra_x_->isend(buf + mine.begin, mine.count * sizeof(T), k, tag_share));
           }
         intra_x_->wait_all(std::span(reqs_));
         for (int k = 0; k < L; ++k) {
           const chunk c = chunk_of(n, L, k, granule);
           if (k != l && c.count != 0 && packed_share(k, crossing))
-            unpack<Q>(ws + static_cast<std::size_t>(2 + k) * slot, c.count, buf + c.begin, ex);
+            unpack(ws + static_cast<std::size_t>(2 + k) * slot, c.count, buf + c.begin, ex);
         }
       }
     }
@@ -257,48 +256,47 @@ struct hierarchical {
       return std::clamp<std::size_t>(m * sizeof(T) / cross_piece_bytes, 1, cross_max_pieces);
     }
 
-    /// Piece k of m values: its values and where its compressed bytes lie in a slot.
+    /// The values of piece k of m values (pieces start at bucket boundaries).
+    static chunk piece_values(std::size_t m, std::size_t k) {
+      return comm::chunk_of(m, static_cast<int>(cross_pieces(m)), static_cast<int>(k), granule);
+    }
+
+    /// What the crossed exchange sends: the plan's quantizer, or raw values when Inter
+    /// does not quantize.
+    using wire_q = std::conditional_t<Inter::quantizations(2) == 0, quant::none, Q>;
+
+    /// Piece k of m values: its values and where its bytes lie in a slot.
     struct piece_t {
       chunk values;
       std::size_t offset, bytes;
     };
-    template <class QX>
     static std::array<piece_t, cross_max_pieces> cross_layout(std::size_t m) {
-      const std::size_t K = cross_pieces(m);
       std::array<piece_t, cross_max_pieces> pieces{};
-      for (std::size_t k = 0, off = 0; k < K; ++k) {
-        const chunk c = comm::chunk_of(m, static_cast<int>(K), static_cast<int>(k), granule);
-        pieces[k] = {c, off, QX::template compressed_bytes<T>(c.count)};
+      for (std::size_t k = 0, off = 0; k < cross_pieces(m); ++k) {
+        const chunk c = piece_values(m, k);
+        pieces[k] = {c, off, wire_q::template compressed_bytes<T>(c.count)};
         off += pieces[k].bytes;
       }
       return pieces;
     }
 
-    /// Compressed bytes of the K pieces of m values under QX.
-    template <class QX>
+    /// Bytes of the pieces of m values.
     static std::size_t cross_slot(std::size_t m) {
-      const auto pieces = cross_layout<QX>(m);
       std::size_t sum = 0;
-      for (std::size_t k = 0; k < cross_pieces(m); ++k) sum += pieces[k].bytes;
+      for (std::size_t k = 0; k < cross_pieces(m); ++k) sum += wire_q::template compressed_bytes<T>(piece_values(m, k).count);
       return sum;
     }
 
-    /// Decodes the K compressed pieces of m values.
-    template <class QX>
+    /// Decodes the pieces of m values.
     static void unpack(const std::byte* in, std::size_t m, T* out, quant::host_exec ex) {
-      const auto pieces = cross_layout<QX>(m);
+      const auto pieces = cross_layout(m);
       for (std::size_t k = 0; k < cross_pieces(m); ++k)
-        QX::template decompress<T>(in + pieces[k].offset, pieces[k].values.count, out + pieces[k].values.begin, ex);
+        wire_q::template decompress<T>(in + pieces[k].offset, pieces[k].values.count, out + pieces[k].values.begin, ex);
     }
 
     /// Whether local rank k's chunk is shared compressed in step 3: its group is crossed
-    /// and the plan's quantizer is lossy (the same answer on every rank of the node).
-    bool packed_share(int k, int crossing) const {
-      if constexpr (Q::lossless || Inter::quantizations(2) == 0)
-        return false;
-      else
-        return k < crossing;
-    }
+    /// and the exchange quantized (the same answer on every rank of the node).
+    static bool packed_share(int k, int crossing) { return !wire_q::lossless && k < crossing; }
 
     /// Local ranks 0 .. crossed_groups(n) - 1 run crossed groups in a call on n values
     /// (the same on every rank: it depends on n and the layout only).
@@ -307,17 +305,11 @@ struct hierarchical {
     }
 
     /// Bytes per slot of the crossed exchange and the compressed share for L ranks per node.
-    static std::size_t share_slot(std::size_t n, int L) { return round_to_line(cross_slot<Q>(largest_chunk(n, L, granule))); }
+    static std::size_t share_slot(std::size_t n, int L) { return round_to_line(cross_slot(largest_chunk(n, L, granule))); }
 
     /// Offset in ws of the node's raw parts of my chunk when steps 1 and 2 are fused:
     /// after the crossed exchange's two slots.
-    static std::size_t fused_parts_offset(std::size_t n, int L) {
-      const std::size_t m = largest_chunk(n, L, granule);
-      if constexpr (Inter::quantizations(2) == 0)
-        return 2 * round_to_line(cross_slot<quant::none>(m));
-      else
-        return 2 * round_to_line(cross_slot<Q>(m));
-    }
+    static std::size_t fused_parts_offset(std::size_t n, int L) { return 2 * share_slot(n, L); }
 
     /// Fused step 1: posts the receives of the other local ranks' parts of my chunk,
     /// piece by piece (the pieces of the crossed exchange), into `parts`, and sends my
@@ -330,12 +322,13 @@ struct hierarchical {
       node_send_.clear();
       const chunk mine = chunk_of(n, L, l, granule);
       if (mine.count != 0) {
-        const auto pieces = cross_layout<quant::none>(mine.count);
         for (int r = 0, j = 0; r < L; ++r) {
           if (r == l) continue;
-          for (std::size_t k = 0; k < cross_pieces(mine.count); ++k)
-            node_recv_.push_back(intra_x_->irecv(parts + static_cast<std::size_t>(j) * raw + pieces[k].values.begin * sizeof(T),
-                                                 pieces[k].values.count * sizeof(T), r, tag_node));
+          for (std::size_t k = 0; k < cross_pieces(mine.count); ++k) {
+            const chunk pv = piece_values(mine.count, k);
+            node_recv_.push_back(intra_x_->irecv(parts + static_cast<std::size_t>(j) * raw + pv.begin * sizeof(T),
+                                                 pv.count * sizeof(T), r, tag_node));
+          }
           ++j;
         }
       }
@@ -346,8 +339,8 @@ struct hierarchical {
           const int r = (l + step) % L;
           const chunk c = chunk_of(n, L, r, granule);
           if (c.count == 0 || k >= cross_pieces(c.count)) continue;
-          const piece_t pc = cross_layout<quant::none>(c.count)[k];
-          node_send_.push_back(intra_x_->isend(buf + c.begin + pc.values.begin, pc.values.count * sizeof(T), r, tag_node));
+          const chunk pv = piece_values(c.count, k);
+          node_send_.push_back(intra_x_->isend(buf + c.begin + pv.begin, pv.count * sizeof(T), r, tag_node));
         }
     }
 
@@ -362,7 +355,7 @@ struct hierarchical {
         for (int L = 2; L <= p; ++L) {
           const std::size_t m = largest_chunk(n, L, granule);
           const std::size_t fused = fused_parts_offset(n, L) + static_cast<std::size_t>(L - 1) * round_to_line(m * sizeof(T));
-          const std::size_t packed = Inter::quantizations(2) == 0 ? 0 : static_cast<std::size_t>(L + 2) * share_slot(n, L);
+          const std::size_t packed = wire_q::lossless ? 0 : static_cast<std::size_t>(L + 2) * share_slot(n, L);
           most = std::max({most, fused, packed});
         }
         return most;
@@ -370,19 +363,19 @@ struct hierarchical {
     }
 
     /// The crossed two-node exchange of v[0..m) with the other node's rank of this group
-    /// (see the file comment); `owner` (0 or 1) is the inter-node rank that sums. QX is
-    /// the plan's quantizer, or quant::none when Inter does not quantize. Returns the
-    /// compressed sum (in ws), which every rank of the group decoded into v.
-    template <class QX, class NodeSum>
+    /// (see the file comment); `owner` (0 or 1) is the inter-node rank that sums; it
+    /// sends wire_q's bytes. Returns the compressed sum (in ws), which every rank of the
+    /// group decoded into v.
+    template <class NodeSum>
     const std::byte* cross(T* v, std::size_t m, std::byte* ws, int owner, const quant::rng_state& rng, quant::host_exec ex,
                            NodeSum&& node_sum) {
       X& x = *inter_x_;
       const int me = x.rank();
       const int other = 1 - me;
       const std::size_t K = cross_pieces(m);
-      const auto pieces = cross_layout<QX>(m);
+      const auto pieces = cross_layout(m);
       std::byte* out = ws;
-      std::byte* in = ws + round_to_line(cross_slot<QX>(m));
+      std::byte* in = ws + round_to_line(cross_slot(m));
       auto stream = [&](std::uint32_t s, const chunk& c) {
         quant::rng_state st = rng;
         st.stream = s;
@@ -397,14 +390,14 @@ struct hierarchical {
         for (std::size_t k = 0; k < K; ++k) {
           const piece_t& pc = pieces[k];
           node_sum(k);
-          QX::template compress<T>(v + pc.values.begin, pc.values.count, out + pc.offset,
+          wire_q::template compress<T>(v + pc.values.begin, pc.values.count, out + pc.offset,
                                    stream(static_cast<std::uint32_t>(me), pc.values), ex);
           cross_send_.push_back(x.isend(out + pc.offset, pc.bytes, owner, tag_cross));
         }
         for (std::size_t k = 0; k < K; ++k) {
           const piece_t& pc = pieces[k];
           x.wait_all(std::span(cross_recv_.data() + k, 1));
-          QX::template decompress<T>(in + pc.offset, pc.values.count, v + pc.values.begin, ex);
+          wire_q::template decompress<T>(in + pc.offset, pc.values.count, v + pc.values.begin, ex);
         }
         x.wait_all(std::span(cross_send_));
         return in;
@@ -417,10 +410,10 @@ struct hierarchical {
         const piece_t& pc = pieces[k];
         node_sum(k);
         x.wait_all(std::span(cross_recv_.data() + k, 1));
-        QX::template decompress_add<T>(in + pc.offset, pc.values.count, v + pc.values.begin, ex);
-        QX::template compress<T>(v + pc.values.begin, pc.values.count, out + pc.offset,
+        wire_q::template decompress_add<T>(in + pc.offset, pc.values.count, v + pc.values.begin, ex);
+        wire_q::template compress<T>(v + pc.values.begin, pc.values.count, out + pc.offset,
                                  stream(static_cast<std::uint32_t>(2 + me), pc.values), ex);
-        if constexpr (!QX::lossless) QX::template decompress<T>(out + pc.offset, pc.values.count, v + pc.values.begin, ex);
+        if constexpr (!wire_q::lossless) wire_q::template decompress<T>(out + pc.offset, pc.values.count, v + pc.values.begin, ex);
       }
       for (std::size_t k = 0; k < K; ++k) cross_send_.push_back(x.isend(out + pieces[k].offset, pieces[k].bytes, other, tag_back));
       x.wait_all(std::span(cross_send_));
