@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "mpi_test_util.hpp"
@@ -117,4 +118,48 @@ TEST_CASE("scatter_reduce_allgather: the pipelined run() has the bits of the unp
   pipelined_equals_unpipelined<cgx::quant::maxmin<4, 1024, cgx::quant::stochastic>, mpi>();
   pipelined_equals_unpipelined<cgx::quant::maxmin<2, 128, cgx::quant::nearest>, mpi>();
   pipelined_equals_unpipelined<cgx::quant::maxmin<4, 1024, cgx::quant::stochastic>, shm>();
+}
+
+namespace {
+// comm::mpi behind the transport concept only, with or without the optional
+// progress() hook (which counts its calls).
+template <bool WithProgress>
+struct forwarding {
+  using request = mpi::request;
+  mpi inner;
+  int calls = 0;
+  int rank() const { return inner.rank(); }
+  int size() const { return inner.size(); }
+  request isend(const void* b, std::size_t bytes, int peer, int tag) { return inner.isend(b, bytes, peer, tag); }
+  request irecv(void* b, std::size_t bytes, int peer, int tag) { return inner.irecv(b, bytes, peer, tag); }
+  void wait_all(std::span<request> q) { inner.wait_all(q); }
+  void max_all(std::span<std::int64_t> v) { inner.max_all(v); }
+  void progress()
+    requires WithProgress
+  {
+    ++calls;
+    inner.progress();
+  }
+};
+static_assert(cgx::transport<forwarding<false>> && cgx::transport<forwarding<true>>);
+}  // namespace
+
+TEST_CASE("scatter_reduce_allgather: calls the transport's progress() between pieces, and it changes no bits") {
+  using Q = cgx::quant::maxmin<4, 1024, cgx::quant::stochastic>;
+  const int p = world_size();
+  const std::size_t n = (std::size_t{3} << 20) + 1234;  // several pieces per chunk
+  forwarding<true> with{mpi{MPI_COMM_WORLD}};
+  forwarding<false> without{mpi{MPI_COMM_WORLD}};
+  SRA::schedule<float, Q, forwarding<true>> s1{with};
+  SRA::schedule<float, Q, forwarding<false>> s2{without};
+  std::vector<std::byte> ws(std::max(decltype(s1)::workspace_bytes(n, p), decltype(s2)::workspace_bytes(n, p)));
+  cgx::quant::rng_state rng;
+  rng.seed = 5;
+  auto a = inputs<float>(world_rank(), n, 17);
+  auto b = a;
+  s1.run(a.data(), n, with, ws.data(), rng, {});
+  s2.run(b.data(), n, without, ws.data(), rng, {});
+  CHECK(std::memcmp(a.data(), b.data(), n * sizeof(float)) == 0);
+  if (p > 1) CHECK(with.calls >= decltype(s1)::pieces(n, p) * (p - 1));  // one per piece sent
+  else CHECK(with.calls == 0);
 }

@@ -44,6 +44,17 @@ concept transport = requires(X& x, const X& cx, void* p, const void* cp, std::si
   x.max_all(vals);
 };
 
+namespace comm {
+/// The optional transport hook `x.progress()`: lets the messages in flight move while
+/// the caller computes between posting and waiting (comm::mpi: MPI's progress engine).
+/// Reducers call it between quantizer passes; a transport without it moves bytes on
+/// its own, or inside wait_all.
+template <class X>
+void progress(X& x) {
+  if constexpr (requires { x.progress(); }) x.progress();
+}
+}  // namespace comm
+
 namespace detail {
 /// A type that models `transport` and nothing else; used to check reducers.
 struct transport_archetype {

@@ -393,6 +393,7 @@ struct hierarchical {
           wire_q::template compress<T>(v + pc.values.begin, pc.values.count, out + pc.offset,
                                    stream(static_cast<std::uint32_t>(me), pc.values), ex);
           cross_send_.push_back(x.isend(out + pc.offset, pc.bytes, owner, tag_cross));
+          comm::progress(x);  // let the pieces sent so far move while the next one is compressed
         }
         for (std::size_t k = 0; k < K; ++k) {
           const piece_t& pc = pieces[k];
@@ -411,8 +412,10 @@ struct hierarchical {
         node_sum(k);
         x.wait_all(std::span(cross_recv_.data() + k, 1));
         wire_q::template decompress_add<T>(in + pc.offset, pc.values.count, v + pc.values.begin, ex);
+        comm::progress(x);  // answer the next pieces' senders between the passes
         wire_q::template compress<T>(v + pc.values.begin, pc.values.count, out + pc.offset,
                                  stream(static_cast<std::uint32_t>(2 + me), pc.values), ex);
+        comm::progress(x);
         if constexpr (!wire_q::lossless) wire_q::template decompress<T>(out + pc.offset, pc.values.count, v + pc.values.begin, ex);
       }
       for (std::size_t k = 0; k < K; ++k) cross_send_.push_back(x.isend(out + pieces[k].offset, pieces[k].bytes, other, tag_back));

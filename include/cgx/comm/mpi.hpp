@@ -172,6 +172,14 @@ class mpi {
     for (auto& q : reqs) detail::check_mpi(MPI_Waitall(2, q.r, MPI_STATUSES_IGNORE), "MPI_Waitall");
   }
 
+  /// Lets MPI move the messages in flight: a rendezvous send waits for the receiver's
+  /// answer, and its data leaves only from inside MPI calls, so a rank that computes
+  /// between its sends calls this now and then (MPI_Iprobe runs MPI's progress engine).
+  void progress() {
+    int flag = 0;
+    detail::check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, MPI_STATUS_IGNORE), "MPI_Iprobe");
+  }
+
   /// Collective: element-wise maximum over all ranks, in place.
   void max_all(std::span<std::int64_t> v) {
     detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_INT64_T, MPI_MAX, comm_),

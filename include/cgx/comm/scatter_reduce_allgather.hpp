@@ -136,6 +136,7 @@ struct scatter_reduce_allgather {
           s.position = rng.position + c.values.begin;
           Q::template compress<T>(buf + c.values.begin, c.values.count, sslot(r) + c.offset, s, ex);
           sends_.push_back(x.isend(sslot(r) + c.offset, c.bytes, r, tag_scatter));
+          comm::progress(x);  // let the sends posted so far move while the next piece is compressed
         }
       auto wait = [&](int i) { x.wait_all(std::span(reqs_.data() + i, 1)); };
       auto gather = [&](int k) {  // decode piece k of every other rank's sum
