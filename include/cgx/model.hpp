@@ -285,8 +285,14 @@ inline prediction predict_idle(algorithm a, const problem& pr, const machine& m,
       // about one piece's share of it does not overlap (as in sra). (Steps 1 and 2 then
       // also run fused, piece by piece; that overlap is not modelled: on the 2-core
       // development host it gained 5-6%, the ranks' CPU being the limit.)
-      const double K = sra_pieces(S, L);
-      const double ov2 = crossed ? std::min(w2, c2 + q2 * K / (K + 1)) : std::min(w2, c2);
+      // The crossed exchange is two halves of the wire, one after the other: the
+      // contributions go to the owners (whose adds, quantization and decoding of the sum
+      // run as the pieces arrive, beside the senders' compression), then the sums come
+      // back (decoded as they arrive). Each half hides only its own work.
+      const double K = sra_pieces(S, L), hide = K / (K + 1);
+      const double qB = N == 2 ? S / L / 2 / D : 0;  // the receivers' decoding of the sums
+      const double ov2 = crossed ? std::min(w2 / 2, c2 / 2 + (q2 - qB) * hide) + std::min(w2 / 2, c2 / 2 + qB * hide)
+                                 : std::min(w2, c2);
       out.overlap_s = std::min(w1, c1) + ov2 + std::min(w3, c3);
       break;
     }
