@@ -75,13 +75,13 @@ algorithm algorithm_of(const std::string& reducer) {
 // Checks every record of `file` with at least `min_bytes` against the model on
 // `profile`: cgx's time, and that of Open MPI's ring allreduce timed in the same run
 // (mpi_ring_time_s; the model's mpi_ring is that ring), within `tolerance`; cgx's
-// records for which `known_gap(bits)` holds (bits 0: uncompressed) within `loose`
-// instead, and those outside `tolerance` are printed. Returns the number of records.
+// records for which `known_gap(bits)` holds (bits 0: uncompressed) within 50% instead,
+// and those outside `tolerance` are printed. Returns the number of records.
 // Each record's problem carries the idle time the benchmark leaves the links before a
 // call, so that the tbf bucket is refilled only as much as it is in the measurement.
-template <class Gap>
 int check_file(const std::string& file, const std::string& profile_name, double min_bytes, double tolerance,
-               double loose, Gap known_gap) {
+               bool (*known_gap)(int bits) = [](int) { return false; }) {
+  const double loose = 0.50;
   const machine& m = profile(profile_name);
   int checked = 0;
   for (const record& r : read_records(std::string(CGX_RESULTS_DIR) + "/" + file)) {
@@ -195,13 +195,12 @@ TEST_CASE("model: hierarchical sends less between nodes than flat sra, and pays 
 //   (docs/results/README.md); it reads 14-35% above the model.
 TEST_CASE("model: predictions within 25% from 1 MiB on the emulated links") {
   const double MiB = 1 << 20;
-  const auto none = [](int) { return false; };
   int n = 0;
-  n += check_file("tcp-1gbit.json", "loopback-1gbit", 1 * MiB, 0.25, 0.25, none);
-  n += check_file("tcp-1gbit-256M.json", "loopback-1gbit", 1 * MiB, 0.25, 0.25, none);
-  n += check_file("tcp-10gbit.json", "loopback-10gbit", 1 * MiB, 0.25, 0.25, none);
-  n += check_file("cluster-2x2-1gbit-sra.json", "cluster-1gbit", 1 * MiB, 0.25, 0.50, [](int bits) { return bits == 0; });
-  n += check_file("cluster-2x2-1gbit.json", "cluster-1gbit", 1 * MiB, 0.25, 0.50, [](int bits) { return bits != 0; });
+  n += check_file("tcp-1gbit.json", "loopback-1gbit", 1 * MiB, 0.25);
+  n += check_file("tcp-1gbit-256M.json", "loopback-1gbit", 1 * MiB, 0.25);
+  n += check_file("tcp-10gbit.json", "loopback-10gbit", 1 * MiB, 0.25);
+  n += check_file("cluster-2x2-1gbit-sra.json", "cluster-1gbit", 1 * MiB, 0.25, [](int bits) { return bits == 0; });
+  n += check_file("cluster-2x2-1gbit.json", "cluster-1gbit", 1 * MiB, 0.25, [](int bits) { return bits != 0; });
   MESSAGE(n << " records (cgx and Open MPI's ring) from 1 MiB: within 25% but for the two known gaps, within 50%");
   CHECK(n >= 56);
 }

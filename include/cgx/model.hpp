@@ -281,14 +281,13 @@ inline prediction predict_idle(algorithm a, const problem& pr, const machine& m,
       const double c1 = net_cpu(rank_sent(t1)), c2 = net_cpu(rank_sent(t2n) / L), c3 = net_cpu(rank_sent(t3));
       const double q2 = N > 1 ? flat_compute(S / L, N) : 0;
       out.compute_s = (L - 1) * S / L / A + q2 + (packed ? (L - 1) * S / L / D : 0) + c1 + c2 + c3;
-      // Crossed on two nodes: the quantizer works piece by piece while the bytes move;
-      // about one piece's share of it does not overlap (as in sra). (Steps 1 and 2 then
-      // also run fused, piece by piece; that overlap is not modelled: on the 2-core
-      // development host it gained 5-6%, the ranks' CPU being the limit.)
-      // The crossed exchange is two halves of the wire, one after the other: the
+      // Crossed on two nodes: two halves of the wire, one after the other. The
       // contributions go to the owners (whose adds, quantization and decoding of the sum
       // run as the pieces arrive, beside the senders' compression), then the sums come
-      // back (decoded as they arrive). Each half hides only its own work.
+      // back (decoded as they arrive). Each half hides its own work but about one
+      // piece's share (as in sra). (Steps 1 and 2 also run fused, piece by piece; that
+      // overlap is not modelled: on the 2-core development host it gained 5-6%, the
+      // ranks' CPU being the limit.)
       const double K = sra_pieces(S, L), hide = K / (K + 1);
       const double qB = N == 2 ? S / L / 2 / D : 0;  // the receivers' decoding of the sums
       const double ov2 = crossed ? std::min(w2 / 2, c2 / 2 + (q2 - qB) * hide) + std::min(w2 / 2, c2 / 2 + qB * hide)
