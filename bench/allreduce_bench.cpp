@@ -1,7 +1,7 @@
 // allreduce_bench: cgx's compressed allreduce against MPI_Allreduce, measured in the
 // same run over the same data, with the flags and columns of nccl-tests.
 //
-//   mpirun -np 4 allreduce_bench -b 4K -e 256M -f 4 [-n 10] [-w 2] [-c 1]
+//   mpirun -np 4 allreduce_bench -b 4K -e 256M -f 4 [-n 10] [-w 2] [-c 1] [--passes 1]
 //       [--bits 2,4,8,32] [--bucket 1024] [--rounding stochastic|nearest]
 //       [--reducer sra|ring|tree|hier] [--transport mpi|shm] [--dtype float|double]
 //       (hier: hierarchical<uncompressed, ring>, exact inside a node, compressed across nodes)
@@ -30,6 +30,11 @@
 // ranks; a row reports the median over iterations. cgx and MPI_Allreduce (default and
 // ring) run in every iteration, in an order that rotates from one iteration to the
 // next, so that all see the same machine noise and none is favoured by its position.
+// --passes P runs the whole sweep P times (each row's -w warm-up then -n iterations in
+// every pass) and reports each row's median over all P x n iterations, printed in the
+// last pass: a row's samples then span the whole run, so that a slow spell of a shared
+// host (which lasts seconds to minutes) weighs on every row alike instead of on the
+// rows it happened to meet.
 #include <cgx/cgx.hpp>
 #include <cgx/model.hpp>
 
@@ -52,6 +57,7 @@ struct options {
   double factor = 4;
   int iters = 10;
   int warmup = 2;
+  int passes = 1;
   int check = 1;
   std::vector<int> bits = {4};
   int bucket = 1024;
@@ -101,6 +107,7 @@ options parse(int argc, char** argv) {
     else if (a == "-n") o.iters = std::atoi(val().c_str());
     else if (a == "-w") o.warmup = std::atoi(val().c_str());
     else if (a == "-c") o.check = std::atoi(val().c_str());
+    else if (a == "--passes") o.passes = std::atoi(val().c_str());
     else if (a == "--bits") {
       o.bits.clear();
       std::stringstream ss(val());
@@ -120,8 +127,8 @@ options parse(int argc, char** argv) {
     else if (a == "--bytes") o.project_bytes = parse_size(val());
     else usage_error("unknown argument " + a);
   }
-  if (o.min_bytes == 0 || o.max_bytes < o.min_bytes || o.factor <= 1 || o.iters < 1 || o.warmup < 0)
-    usage_error("need 0 < -b <= -e, -f > 1, -n >= 1, -w >= 0");
+  if (o.min_bytes == 0 || o.max_bytes < o.min_bytes || o.factor <= 1 || o.iters < 1 || o.warmup < 0 || o.passes < 1)
+    usage_error("need 0 < -b <= -e, -f > 1, -n >= 1, -w >= 0, --passes >= 1");
   return o;
 }
 
@@ -322,8 +329,12 @@ int run(const options& o, int rank, int p) {
   if (rank == 0) {
     std::printf("# allreduce_bench: %d ranks, dtype %s, reducer %s, transport %s, bucket %d, rounding %s, link %s\n", p,
                 o.dtype.c_str(), o.reducer.c_str(), o.transport.c_str(), o.bucket, o.rounding.c_str(), o.link.c_str());
-    std::printf("# time: median over %d iterations (after %d warm-up) of the max over ranks; MPI_Allreduce timed in "
-                "the same loop\n", o.iters, o.warmup);
+    if (o.passes == 1)
+      std::printf("# time: median over %d iterations (after %d warm-up) of the max over ranks; MPI_Allreduce timed in "
+                  "the same loop\n", o.iters, o.warmup);
+    else
+      std::printf("# time: median over %d passes of the sweep x %d iterations (each after %d warm-up) of the max over "
+                  "ranks; MPI_Allreduce timed in the same loop\n", o.passes, o.iters, o.warmup);
     std::printf("# mpi: the better of Open MPI's default allreduce (def) and its ring (ring: %s); speedup = mpi / time\n",
                 ring_comm != MPI_COMM_NULL ? "timed" : "not available, see the file comment");
     std::printf("# cgx hands calls under %zu bytes to MPI_Allreduce (native_below_bytes%s)\n",
@@ -333,85 +344,102 @@ int run(const options& o, int rank, int p) {
                 "type", "reducer", "bits", "bucket", "time(us)", "algbw", "busbw", "def(us)", "ring(us)", "mpi(us)",
                 "speedup", "ratio", "max_abs", "rel_l2");
   }
+  std::vector<std::size_t> counts;
+  for (double sz = static_cast<double>(o.min_bytes); sz <= static_cast<double>(o.max_bytes) * 1.0000001; sz *= o.factor)
+    if (const std::size_t n = static_cast<std::size_t>(sz) / sizeof(T); n != 0) counts.push_back(n);
+  // Each row's times (cgx, MPI default, MPI ring), gathered over the passes.
+  struct samples {
+    std::vector<double> tc, tm, tr;
+  };
+  std::vector<samples> rows(counts.size() * plans.size());
   std::vector<double> exact;
-  for (double sz = static_cast<double>(o.min_bytes); sz <= static_cast<double>(o.max_bytes) * 1.0000001; sz *= o.factor) {
-    const std::size_t n = static_cast<std::size_t>(sz) / sizeof(T);
-    if (n == 0) continue;
-    if (o.check) {
-      exact.assign(input.begin(), input.begin() + static_cast<std::ptrdiff_t>(n));
-      MPI_Allreduce(MPI_IN_PLACE, exact.data(), static_cast<int>(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-    }
-    for (std::size_t k = 0; k < plans.size(); ++k) {
-      if (rank == 0) std::fprintf(stderr, "\r[bench] %zu bytes, %d bits ...      ", n * sizeof(T), o.bits[k]);
-      std::vector<double> tc, tm, tr;
-      for (int it = 0; it < o.warmup + o.iters; ++it) {
-        // Each of the three is timed between barriers on freshly restored data; their
-        // order rotates with the iteration, so that none always goes first (right after
-        // the barrier that follows the restore) or last.
-        double t = 0, tb = 0, tring = 0;
-        for (int slot = 0; slot < 3; ++slot) {
-          const int which = (slot + it) % 3;
-          if (which == 2 && ring_comm == MPI_COMM_NULL) continue;
-          // One buffer for all three, so that none is favoured by where its pages lie or
-          // by what is left of them in the caches; the check below re-runs cgx.
-          T* data = work.data();
-          std::memcpy(data, input.data(), n * sizeof(T));
-          MPI_Barrier(MPI_COMM_WORLD);
-          const double t0 = MPI_Wtime();
-          if (which == 0) plans[k].run(data, n);
-          else MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), mt, MPI_SUM, which == 1 ? MPI_COMM_WORLD : ring_comm);
-          (which == 0 ? t : which == 1 ? tb : tring) = MPI_Wtime() - t0;
-        }
-        double all[3] = {t, tb, tring};
-        MPI_Allreduce(MPI_IN_PLACE, all, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        if (it >= o.warmup) {
-          tc.push_back(all[0]);
-          tm.push_back(all[1]);
-          tr.push_back(all[2]);
-        }
+  for (int pass = 0; pass < o.passes; ++pass) {
+    for (std::size_t row = 0; row < counts.size(); ++row) {
+      const std::size_t n = counts[row];
+      const bool last_pass = pass + 1 == o.passes;
+      if (o.check && last_pass) {
+        exact.assign(input.begin(), input.begin() + static_cast<std::ptrdiff_t>(n));
+        MPI_Allreduce(MPI_IN_PLACE, exact.data(), static_cast<int>(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
       }
-      double max_abs = 0, rel = 0;
-      if (o.check) {
-        std::memcpy(work.data(), input.data(), n * sizeof(T));
-        plans[k].run(work.data(), n);
-        double num = 0, den = 0;
-        for (std::size_t i = 0; i < n; ++i) {
-          const double e = static_cast<double>(work[i]) - exact[i];
-          max_abs = std::max(max_abs, std::fabs(e));
-          num += e * e;
-          den += exact[i] * exact[i];
+      for (std::size_t k = 0; k < plans.size(); ++k) {
+        if (rank == 0) {
+          if (o.passes > 1) std::fprintf(stderr, "\r[bench] pass %d/%d, ", pass + 1, o.passes);
+          else std::fprintf(stderr, "\r[bench] ");
+          std::fprintf(stderr, "%zu bytes, %d bits ...      ", n * sizeof(T), o.bits[k]);
         }
-        rel = den > 0 ? std::sqrt(num / den) : 0;
-      }
-      if (rank == 0) {
-        const double t = median(tc), tdef = median(tm), tring = median(tr);
-        const bool ring_better = ring_comm != MPI_COMM_NULL && tring < tdef;
-        const double tb = ring_better ? tring : tdef;
-        const double bytes = static_cast<double>(n * sizeof(T));
-        const double algbw = bytes / t / 1e9, busbw = algbw * 2.0 * (p - 1) / p;
-        const double ratio = bytes / static_cast<double>(std::max<std::size_t>(1, wire_bytes<T>(o.bits[k], o.bucket, n)));
-        std::fprintf(stderr, "\r");
-        char ring_us[32] = "-", ring_s[32] = "null";
-        if (ring_comm != MPI_COMM_NULL) {
-          std::snprintf(ring_us, sizeof ring_us, "%.1f", tring * 1e6);
-          std::snprintf(ring_s, sizeof ring_s, "%.6e", tring);
+        auto& [tc, tm, tr] = rows[row * plans.size() + k];
+        for (int it = 0; it < o.warmup + o.iters; ++it) {
+          // Each of the three is timed between barriers on freshly restored data; their
+          // order rotates with the iteration, so that none always goes first (right after
+          // the barrier that follows the restore) or last.
+          double t = 0, tb = 0, tring = 0;
+          for (int slot = 0; slot < 3; ++slot) {
+            const int which = (slot + it) % 3;
+            if (which == 2 && ring_comm == MPI_COMM_NULL) continue;
+            // One buffer for all three, so that none is favoured by where its pages lie or
+            // by what is left of them in the caches; the check below re-runs cgx.
+            T* data = work.data();
+            std::memcpy(data, input.data(), n * sizeof(T));
+            MPI_Barrier(MPI_COMM_WORLD);
+            const double t0 = MPI_Wtime();
+            if (which == 0) plans[k].run(data, n);
+            else MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), mt, MPI_SUM, which == 1 ? MPI_COMM_WORLD : ring_comm);
+            (which == 0 ? t : which == 1 ? tb : tring) = MPI_Wtime() - t0;
+          }
+          double all[3] = {t, tb, tring};
+          MPI_Allreduce(MPI_IN_PLACE, all, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+          if (it >= o.warmup) {
+            tc.push_back(all[0]);
+            tm.push_back(all[1]);
+            tr.push_back(all[2]);
+          }
         }
-        std::printf("%12zu %11zu %6s %7s %4d %6d | %10.1f %8.3f %8.3f | %10.1f %10s %10.1f %7.2fx | %6.2fx %10.3e %10.3e\n",
-                    n * sizeof(T), n, o.dtype.c_str(), o.reducer.c_str(), o.bits[k], o.bucket, t * 1e6, algbw, busbw,
-                    tdef * 1e6, ring_us, tb * 1e6, tb / t, ratio, max_abs, rel);
-        std::fflush(stdout);
-        if (js) {
-          std::fprintf(js,
-                       "%s  {\"bytes\": %zu, \"count\": %zu, \"dtype\": \"%s\", \"ranks\": %d, \"reducer\": \"%s\", "
-                       "\"transport\": \"%s\", \"bits\": %d, \"bucket\": %d, \"rounding\": \"%s\", \"link\": \"%s\", "
-                       "\"time_s\": %.6e, \"algbw_gbps\": %.5f, \"busbw_gbps\": %.5f, \"mpi_time_s\": %.6e, "
-                       "\"mpi_default_time_s\": %.6e, \"mpi_ring_time_s\": %s, \"baseline\": \"%s\", "
-                       "\"speedup\": %.5f, \"ratio\": %.4f, \"max_abs_err\": %.6e, \"rel_l2\": %.6e}",
-                       first_record ? "" : ",\n", n * sizeof(T), n, o.dtype.c_str(), p, o.reducer.c_str(),
-                       o.transport.c_str(), o.bits[k], o.bucket, o.rounding.c_str(), o.link.c_str(), t, algbw, busbw,
-                       tb, tdef, ring_s,
-                       ring_better ? "ring" : "default", tb / t, ratio, max_abs, rel);
-          first_record = false;
+        if (!last_pass) continue;
+        double max_abs = 0, rel = 0;
+        if (o.check) {
+          std::memcpy(work.data(), input.data(), n * sizeof(T));
+          plans[k].run(work.data(), n);
+          double num = 0, den = 0;
+          for (std::size_t i = 0; i < n; ++i) {
+            const double e = static_cast<double>(work[i]) - exact[i];
+            max_abs = std::max(max_abs, std::fabs(e));
+            num += e * e;
+            den += exact[i] * exact[i];
+          }
+          rel = den > 0 ? std::sqrt(num / den) : 0;
+        }
+        if (rank == 0) {
+          const double t = median(tc), tdef = median(tm), tring = median(tr);
+          const bool ring_better = ring_comm != MPI_COMM_NULL && tring < tdef;
+          const double tb = ring_better ? tring : tdef;
+          const double bytes = static_cast<double>(n * sizeof(T));
+          const double algbw = bytes / t / 1e9, busbw = algbw * 2.0 * (p - 1) / p;
+          const double ratio = bytes / static_cast<double>(std::max<std::size_t>(1, wire_bytes<T>(o.bits[k], o.bucket, n)));
+          std::fprintf(stderr, "\r");
+          char ring_us[32] = "-", ring_s[32] = "null";
+          if (ring_comm != MPI_COMM_NULL) {
+            std::snprintf(ring_us, sizeof ring_us, "%.1f", tring * 1e6);
+            std::snprintf(ring_s, sizeof ring_s, "%.6e", tring);
+          }
+          std::printf("%12zu %11zu %6s %7s %4d %6d | %10.1f %8.3f %8.3f | %10.1f %10s %10.1f %7.2fx | %6.2fx %10.3e %10.3e\n",
+                      n * sizeof(T), n, o.dtype.c_str(), o.reducer.c_str(), o.bits[k], o.bucket, t * 1e6, algbw, busbw,
+                      tdef * 1e6, ring_us, tb * 1e6, tb / t, ratio, max_abs, rel);
+          std::fflush(stdout);
+          if (js) {
+            std::fprintf(js,
+                         "%s  {\"bytes\": %zu, \"count\": %zu, \"dtype\": \"%s\", \"ranks\": %d, \"reducer\": \"%s\", "
+                         "\"transport\": \"%s\", \"bits\": %d, \"bucket\": %d, \"rounding\": \"%s\", \"link\": \"%s\", "
+                         "\"iters\": %d, \"passes\": %d, "
+                         "\"time_s\": %.6e, \"algbw_gbps\": %.5f, \"busbw_gbps\": %.5f, \"mpi_time_s\": %.6e, "
+                         "\"mpi_default_time_s\": %.6e, \"mpi_ring_time_s\": %s, \"baseline\": \"%s\", "
+                         "\"speedup\": %.5f, \"ratio\": %.4f, \"max_abs_err\": %.6e, \"rel_l2\": %.6e}",
+                         first_record ? "" : ",\n", n * sizeof(T), n, o.dtype.c_str(), p, o.reducer.c_str(),
+                         o.transport.c_str(), o.bits[k], o.bucket, o.rounding.c_str(), o.link.c_str(), o.iters, o.passes, t,
+                         algbw, busbw,
+                         tb, tdef, ring_s,
+                         ring_better ? "ring" : "default", tb / t, ratio, max_abs, rel);
+            first_record = false;
+          }
         }
       }
     }

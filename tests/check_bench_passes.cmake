@@ -1,0 +1,29 @@
+# cmake -DBENCH=... -DMPIEXEC=... -DEXTRA=... -DJSON=... -P check_bench_passes.cmake
+# allreduce_bench --passes 2 over 2 sizes x 2 widths on 2 ranks: the table has each of
+# the 4 rows once (printed in the last pass), its header says how the median was taken,
+# and the JSON holds 4 records that carry iters 2 and passes 2.
+separate_arguments(extra UNIX_COMMAND "${EXTRA}")
+file(REMOVE "${JSON}")
+execute_process(COMMAND ${MPIEXEC} -n 2 ${extra} ${BENCH} -b 64K -e 128K -f 2 -n 2 -w 1 --passes 2 --bits 4,32
+                        --native-below 0 --json ${JSON}
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "allreduce_bench failed (${rc}):\n${out}\n${err}")
+endif()
+if(NOT out MATCHES "median over 2 passes of the sweep x 2 iterations")
+  message(FATAL_ERROR "header does not describe the passes:\n${out}")
+endif()
+string(REGEX MATCHALL "\n +(65536|131072) +[0-9]+ +float +sra +(4|32) " rows "${out}")
+list(LENGTH rows nrows)
+if(NOT nrows EQUAL 4)
+  message(FATAL_ERROR "expected each of the 4 rows once, found ${nrows}:\n${out}")
+endif()
+file(READ "${JSON}" js)
+string(REGEX MATCHALL "\"iters\": 2, \"passes\": 2," recs "${js}")
+list(LENGTH recs nrecs)
+string(REGEX MATCHALL "\"bytes\":" all "${js}")
+list(LENGTH all nall)
+if(NOT nrecs EQUAL 4 OR NOT nall EQUAL 4)
+  message(FATAL_ERROR "expected 4 JSON records with iters 2 and passes 2, found ${nrecs} of ${nall}:\n${js}")
+endif()
+message(STATUS "allreduce_bench --passes 2: 4 rows, 4 records")
