@@ -37,6 +37,15 @@ def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     d = sys.argv[1]
+    # The host's speed at both ends of the run (bench/reproduce's quant and quant-after).
+    speed = []
+    for f, when in (("quant-host.json", "start"), ("quant-host-after.json", "end")):
+        for r in load(d, f):
+            if (r.get("op"), r.get("bits"), r.get("rounding"), r.get("dtype")) == ("compress", 4, "stochastic", "float"):
+                speed.append(f"{r['gbps']:.2f} GB/s at the {when}")
+    if speed:
+        print("Host speed, one core's 4-bit stochastic compress (bench/quant_bench): " + ", ".join(speed) + ".")
+        print()
     print("| link | reducer | bits | cgx (ms) | MPI_Allreduce (ms, best of default/ring) | speedup | target |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for label, f, red, bits, target in TARGETS:
