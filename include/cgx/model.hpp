@@ -317,24 +317,27 @@ inline prediction predict(algorithm a, const problem& pr, const machine& m) {
 }
 
 /// Named machine profiles: the emulated networks of bench/ (checked against
-/// measurements) and typical clusters (assumed figures, stated in `description`).
-/// The emulated ones use figures measured on the development machine, none of them
-/// fitted to the allreduce times the model is checked against: the quantizer and add
-/// throughputs of bench/quant_bench (docs/results/quant-host.txt: 4-bit stochastic
-/// compress 8.9 GB/s, decompress 13.1, decompress-add 12.1, y += x 9.75), the tbf rate
-/// and bucket of the namespace scripts, shared-memory bandwidth from the uncompressed
-/// cgx rows of shm-mpi.json (64 MiB), and the CPU cost per byte sent over TCP from the
-/// whole-machine profiles of bench/profile (docs/results/profile-tcp-*.txt).
+/// measurements) and typical clusters (assumed figures, stated in `description`). The
+/// emulated ones use figures measured on the development machine, none of them fitted
+/// to the allreduce times the model is checked against: the quantizer and add
+/// throughputs of bench/quant_bench as run on 2026-11-29 (4-bit stochastic compress
+/// 8.9 GB/s, decompress 13.1, decompress-add 12.1, y += x 9.75; the host is shared,
+/// and docs/results/quant-host*.txt give the figures at both ends of the stored run),
+/// the tbf rate and bucket of the namespace scripts, shared-memory bandwidth from the
+/// uncompressed cgx rows of shm-mpi.json (64 MiB, 2026-11-29), and the CPU cost per
+/// byte sent over TCP from the whole-machine profiles of bench/profile
+/// (docs/results/profile-tcp-*.txt).
 namespace detail {
 // The development machine's one-core figures, shared by the emulated profiles.
 // dev_tcp_cpu: in the profiles of the 4-bit SRA at 64 MiB, the CPU time of the ranks
 // that is not the quantizer (kernel, MPI library, libc: 43% of all samples over
-// unlimited TCP, 47% at 10 Gbit/s) per byte the ranks send: 1.16 ns and 1.30 ns; 1.2 ns
-// here. It is more than the copies: it holds the scheduling and polling of ranks that
-// wait for bytes. (It was 0.9 ns, fitted to the uncompressed tcp-unlimited rows, where
-// the wire hides most of it; the compressed 10 Gbit/s rows were then under-predicted by
-// up to 30%.) The quantizer figures are those of one rank alone, and the profiles agree:
-// the quantizer's samples at 10 Gbit/s (46%: 65 ms of CPU per call) are what these
+// unlimited TCP, 47% at 10 Gbit/s, in the profiles of 2026-11-30 before progress())
+// per byte the ranks send: 1.16 ns and 1.30 ns; 1.2 ns here. It is more than the
+// copies: it holds the scheduling and polling of ranks that wait for bytes. (It was
+// 0.9 ns, fitted to the uncompressed tcp-unlimited rows, where the wire hides most of
+// it; the compressed 10 Gbit/s rows were then under-predicted by up to 30%.) The
+// quantizer figures are those of one rank alone, and the profiles agree: the
+// quantizer's samples at 10 Gbit/s (46%: 65 ms of CPU per call) are what these
 // throughputs give for 4 ranks (67 ms).
 inline constexpr double dev_compress = 8.9e9, dev_decompress = 13.1e9, dev_decompress_add = 12.1e9,
                         dev_add = 9.75e9, dev_tcp_cpu = 1.2e-9;

@@ -62,9 +62,10 @@ inline constexpr std::size_t default_native_below_bytes = std::size_t{64} << 10;
 /// The threshold a plan picks when all its ranks share one node (shared memory): 16 MiB.
 /// On one node (4 ranks, SRA, bucket 1024, threshold disabled: docs/results/
 /// shm-mpi-compressed.txt and shm-shm-compressed.txt, tabulated in docs/threshold.md)
-/// compression lost to MPI_Allreduce at 1 MiB over comm::shm (0.54x-0.84x) and, at 8
-/// bits, up to 4 MiB over comm::mpi (0.94x-0.98x); from 8 MiB every width won over both
-/// transports (1.07x-1.83x). 16 MiB keeps a margin over that one run.
+/// compression lost to MPI_Allreduce at 1 MiB over comm::shm (0.52x-0.87x) and at 1-2
+/// MiB over comm::mpi (0.79x-1.04x), at 8 bits also at 8 MiB over comm::shm (0.96x); at
+/// 16 MiB every width won over both transports (1.09x-1.74x). The run of the day before
+/// had every width winning from 8 MiB: the crossover moves with the machine.
 inline constexpr std::size_t default_native_below_bytes_one_node = std::size_t{16} << 20;
 
 /// Run-time options of a plan.
