@@ -197,8 +197,8 @@ TEST_CASE("model: hierarchical sends less between nodes than flat sra, and pays 
 // host's speed drifts by more than that within one run (one core's 4-bit compress read
 // 8.98 GB/s at the start of the stored run and 5.62 at its end), and the calls it moves
 // most are the CPU-bound ones and those that hand bytes between processes many times.
-// Three full runs of the same library code on 2026-11-30 had 6, 2 and 5 of their 112
-// checks outside 25%, not the same ones each time, all within 50%:
+// The three sets of these files of 2026-11-30 (docs/results/README.md) had 6, 2 and 5
+// of their 112 checks outside 25%, not the same ones each time, all within 50%:
 // - cgx's compressed hierarchical calls at 4 MiB (every step waits for the scheduler to
 //   run the receiving rank: 7.2 to 9.6 ms in the three runs, 5.5 ms in a quiet spell,
 //   5.1 ms predicted; traced step by step in docs/results/README.md);
