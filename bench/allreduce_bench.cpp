@@ -5,7 +5,7 @@
 //       [--bits 2,4,8,32] [--bucket 1024] [--rounding stochastic|nearest]
 //       [--reducer sra|ring|tree|hier] [--transport mpi|shm] [--dtype float|double]
 //       (hier: hierarchical<uncompressed, ring>, exact inside a node, compressed across nodes)
-//       [--native-below SIZE|auto] [--link NAME] [--json FILE]
+//       [--native-below SIZE|auto] [--threads N] [--link NAME] [--json FILE]
 //       [--project PROFILE|all] [--bytes SIZE]
 //
 // --native-below is the plans' plan_options::native_below_bytes (0: always compress).
@@ -20,6 +20,9 @@
 // OMPI_MCA_coll_tuned_use_dynamic_rules=1 at launch (bench/netns-run sets it);
 // without it, or with another MPI, only the default is timed.
 //
+// --threads is plan_options::threads: host threads per rank for (de)compression. The
+// header and every JSON record name the instruction set the host kernels ran with
+// (cgx/quant/host_isa.hpp: chosen at run time; CGX_HOST_ISA=sse2 forces another).
 // --link defaults to $CGX_LINK (set by bench/netns-run and bench/netns-cluster).
 // --project prints the cost model's predictions (include/cgx/model.hpp) for 8 to 1024
 // ranks on a named network profile and exits; it needs no MPI launch.
@@ -66,6 +69,7 @@ struct options {
   std::string transport = "mpi";
   std::string dtype = "float";
   std::size_t native_below = cgx::default_native_below_bytes;  // --native-below (see the file comment)
+  int threads = 1;                                              // --threads: plan_options::threads
   std::string link = std::getenv("CGX_LINK") ? std::getenv("CGX_LINK") : "none";
   std::string json;
   std::string project;           // --project: print the model's projections and exit
@@ -108,6 +112,7 @@ options parse(int argc, char** argv) {
     else if (a == "-w") o.warmup = std::atoi(val().c_str());
     else if (a == "-c") o.check = std::atoi(val().c_str());
     else if (a == "--passes") o.passes = std::atoi(val().c_str());
+    else if (a == "--threads") o.threads = std::atoi(val().c_str());
     else if (a == "--bits") {
       o.bits.clear();
       std::stringstream ss(val());
@@ -127,8 +132,9 @@ options parse(int argc, char** argv) {
     else if (a == "--bytes") o.project_bytes = parse_size(val());
     else usage_error("unknown argument " + a);
   }
-  if (o.min_bytes == 0 || o.max_bytes < o.min_bytes || o.factor <= 1 || o.iters < 1 || o.warmup < 0 || o.passes < 1)
-    usage_error("need 0 < -b <= -e, -f > 1, -n >= 1, -w >= 0, --passes >= 1");
+  if (o.min_bytes == 0 || o.max_bytes < o.min_bytes || o.factor <= 1 || o.iters < 1 || o.warmup < 0 || o.passes < 1 ||
+      o.threads < 1)
+    usage_error("need 0 < -b <= -e, -f > 1, -n >= 1, -w >= 0, --passes >= 1, --threads >= 1");
   return o;
 }
 
@@ -156,6 +162,7 @@ template <class T, class Q, class R, class X>
 runner make_plan(X x, std::size_t max_count, const options& o) {
   cgx::plan_options po;
   po.native_below_bytes = o.native_below;
+  po.threads = o.threads;
   auto plan = std::make_shared<cgx::allreduce_plan<T, Q, R, X>>(std::move(x), max_count, po);
   return {[plan](void* b, std::size_t n) { (*plan)(static_cast<T*>(b), n); }, plan->native_below_bytes()};
 }
@@ -329,6 +336,9 @@ int run(const options& o, int rank, int p) {
   if (rank == 0) {
     std::printf("# allreduce_bench: %d ranks, dtype %s, reducer %s, transport %s, bucket %d, rounding %s, link %s\n", p,
                 o.dtype.c_str(), o.reducer.c_str(), o.transport.c_str(), o.bucket, o.rounding.c_str(), o.link.c_str());
+    std::printf("# host kernels: %s (this CPU's best: %s), %d thread(s) per rank\n",
+                cgx::quant::to_string(cgx::quant::active_host_isa()), cgx::quant::to_string(cgx::quant::detected_host_isa()),
+                o.threads);
     if (o.passes == 1)
       std::printf("# time: median over %d iterations (after %d warm-up) of the max over ranks; MPI_Allreduce timed in "
                   "the same loop\n", o.iters, o.warmup);
@@ -429,12 +439,13 @@ int run(const options& o, int rank, int p) {
             std::fprintf(js,
                          "%s  {\"bytes\": %zu, \"count\": %zu, \"dtype\": \"%s\", \"ranks\": %d, \"reducer\": \"%s\", "
                          "\"transport\": \"%s\", \"bits\": %d, \"bucket\": %d, \"rounding\": \"%s\", \"link\": \"%s\", "
-                         "\"iters\": %d, \"passes\": %d, "
+                         "\"iters\": %d, \"passes\": %d, \"isa\": \"%s\", \"threads\": %d, "
                          "\"time_s\": %.6e, \"algbw_gbps\": %.5f, \"busbw_gbps\": %.5f, \"mpi_time_s\": %.6e, "
                          "\"mpi_default_time_s\": %.6e, \"mpi_ring_time_s\": %s, \"baseline\": \"%s\", "
                          "\"speedup\": %.5f, \"ratio\": %.4f, \"max_abs_err\": %.6e, \"rel_l2\": %.6e}",
                          first_record ? "" : ",\n", n * sizeof(T), n, o.dtype.c_str(), p, o.reducer.c_str(),
-                         o.transport.c_str(), o.bits[k], o.bucket, o.rounding.c_str(), o.link.c_str(), o.iters, o.passes, t,
+                         o.transport.c_str(), o.bits[k], o.bucket, o.rounding.c_str(), o.link.c_str(), o.iters, o.passes,
+                         cgx::quant::to_string(cgx::quant::active_host_isa()), o.threads, t,
                          algbw, busbw,
                          tb, tdef, ring_s,
                          ring_better ? "ring" : "default", tb / t, ratio, max_abs, rel);

@@ -2,9 +2,13 @@
 /// Throughput of the host kernels of cgx::quant::maxmin against streaming baselines
 /// measured in the same run, over the same buffer.
 ///
-///   g++ -std=c++20 -O3 -march=native -Iinclude bench/quant_bench.cpp -o quant_bench
+///   g++ -std=c++20 -O3 -Iinclude bench/quant_bench.cpp -o quant_bench
 ///   ./quant_bench [--mib N] [--bucket 128|512|1024|4096] [--threads N] [--reps N]
-///                 [--bits LIST] [--json FILE] [--check]
+///                 [--bits LIST] [--isa scalar|sse2|avx2|avx512|neon] [--json FILE] [--check]
+///
+/// Built as a user builds (no -march): the kernels pick their instruction set at run
+/// time (cgx/quant/host_isa.hpp); the header and every JSON record name the one that
+/// ran, and --isa (or CGX_HOST_ISA) forces another one this CPU can run.
 ///
 /// Every row is timed as best-of-N, and its baseline is timed in the same loop, one
 /// baseline pass right before each pass of the measured op, so that both see the same
@@ -51,6 +55,7 @@ struct options {
   bool doubles = true;
   std::string json;
   bool check = false;
+  std::string isa;  // empty: the detected path
 };
 
 /// 64-byte aligned, page-touched buffer.
@@ -269,9 +274,9 @@ void write_json(const std::string& path) {
     const record& r = g_records[i];
     std::fprintf(f,
                  "  {\"op\": \"%s\", \"bits\": %d, \"bucket\": %zu, \"rounding\": \"%s\", \"dtype\": \"%s\", "
-                 "\"threads\": %d, \"gbps\": %.4f, \"baseline_gbps\": %.4f, \"ratio\": %.4f",
-                 r.op.c_str(), r.bits, r.bucket, r.rounding.c_str(), r.dtype.c_str(), r.threads, r.gbps,
-                 r.baseline_gbps, r.ratio);
+                 "\"threads\": %d, \"isa\": \"%s\", \"gbps\": %.4f, \"baseline_gbps\": %.4f, \"ratio\": %.4f",
+                 r.op.c_str(), r.bits, r.bucket, r.rounding.c_str(), r.dtype.c_str(), r.threads,
+                 cgx::quant::to_string(cgx::quant::active_host_isa()), r.gbps, r.baseline_gbps, r.ratio);
     if (r.write_gbps > 0) std::fprintf(f, ", \"write_gbps\": %.4f", r.write_gbps);
     std::fprintf(f, "}%s\n", i + 1 < g_records.size() ? "," : "");
   }
@@ -329,7 +334,7 @@ int check_targets(const options& o) {
 [[noreturn]] void usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--mib N] [--bucket 128|512|1024|4096] [--threads N] [--reps N] [--bits 1,2,..] "
-               "[--no-double] [--json FILE] [--check]\n",
+               "[--no-double] [--isa scalar|sse2|avx2|avx512|neon] [--json FILE] [--check]\n",
                argv0);
   std::exit(2);
 }
@@ -366,13 +371,27 @@ int main(int argc, char** argv) {
       o.json = next();
     } else if (a == "--check") {
       o.check = true;
+    } else if (a == "--isa") {
+      o.isa = next();
     } else {
       usage(argv[0]);
     }
   }
   if (o.mib == 0 || o.reps < 1 || o.threads < 1) usage(argv[0]);
+  if (!o.isa.empty()) {
+    cgx::quant::host_isa i{};
+    if (!cgx::quant::parse_host_isa(o.isa.c_str(), i)) usage(argv[0]);
+    try {
+      cgx::quant::force_host_isa(i);
+    } catch (const cgx::error& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 2;
+    }
+  }
   std::printf("# cgx quant_bench: %zu MiB, bucket %zu, %d thread(s), best of %d; GB/s of uncompressed bytes\n",
               o.mib, o.bucket, o.threads, o.reps);
+  std::printf("# host kernels: %s (this CPU's best: %s)\n", cgx::quant::to_string(cgx::quant::active_host_isa()),
+              cgx::quant::to_string(cgx::quant::detected_host_isa()));
   std::printf("# baseline: read-sum (compress, decompress), y+=x (decompress_add); ratio = op / baseline\n");
   print_header();
   switch (o.bucket) {

@@ -161,7 +161,8 @@ int main(int argc, char** argv) {
                   "uncompressed size; errors against the exact fp64 sum\n",
                   o.iters, o.warmup);
       std::printf("# cgx rows always run the compressed schedule (plan_options::native_below_bytes = 0), at "
-                  "every size\n");
+                  "every size; host kernels: %s (picked at run time from this CPU)\n",
+                  cgx::quant::to_string(cgx::quant::active_host_isa()));
       std::printf("%-14s %12s %10s %5s | %10s %9s %9s | %8s %5s %7s | %11s %11s\n", "method", "size(B)", "count",
                   "type", "time(ms)", "algbw", "busbw", "speedup", "bits", "ratio", "max_abs_err", "rel_l2");
       std::printf("%-14s %12s %10s %5s | %10s %9s %9s | %8s %5s %7s | %11s %11s\n", "", "", "", "", "", "(GB/s)",

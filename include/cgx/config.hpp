@@ -23,6 +23,15 @@
 #define CGX_FORCEINLINE inline
 #endif
 
+/// An inline function (or template) that the compiler must call rather than inline.
+#if defined(__CUDA_ARCH__)
+#define CGX_NOINLINE __noinline__ inline
+#elif defined(__GNUC__) || defined(__clang__)
+#define CGX_NOINLINE __attribute__((noinline)) inline
+#else
+#define CGX_NOINLINE inline
+#endif
+
 #if defined(__GNUC__) || defined(__clang__) || defined(__CUDACC__)
 #define CGX_RESTRICT __restrict__
 #else
@@ -48,4 +57,37 @@
 #define CGX_VECTORIZE _Pragma("clang loop vectorize(enable)")
 #else
 #define CGX_VECTORIZE
+#endif
+
+/// Host SIMD kernels (quant/host_simd.hpp): compiled with GCC or Clang, not by nvcc (not
+/// even its host pass, which rejects some vector-extension casts: .cu files get the
+/// scalar reference, which writes the same bytes), and not when CGX_NO_HOST_SIMD is
+/// defined. CGX_HOST_SIMD_X86 / CGX_HOST_SIMD_NEON say which family of kernels is
+/// compiled; quant/host_isa.hpp picks one at run time.
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && !defined(CGX_NO_HOST_SIMD) && \
+    (defined(__x86_64__) || defined(__aarch64__))
+#define CGX_HAS_HOST_SIMD 1
+#if defined(__x86_64__)
+#define CGX_HOST_SIMD_X86 1
+#else
+#define CGX_HOST_SIMD_NEON 1
+#endif
+#else
+#define CGX_HAS_HOST_SIMD 0
+#endif
+
+/// CGX_TARGET_BEGIN("avx2,fma") ... CGX_TARGET_END: every function defined in between
+/// (templates and lambdas included) is compiled for that instruction set, whatever the
+/// translation unit's flags (GCC's target pragma, Clang's attribute pragma). Used by
+/// quant/host_simd.hpp to compile its kernels once per instruction set.
+#define CGX_PRAGMA(x) _Pragma(#x)
+#if defined(__clang__)
+#define CGX_TARGET_BEGIN(T) CGX_PRAGMA(clang attribute push(__attribute__((target(T))), apply_to = function))
+#define CGX_TARGET_END CGX_PRAGMA(clang attribute pop)
+#elif defined(__GNUC__)
+#define CGX_TARGET_BEGIN(T) CGX_PRAGMA(GCC push_options) CGX_PRAGMA(GCC target(T))
+#define CGX_TARGET_END CGX_PRAGMA(GCC pop_options)
+#else
+#define CGX_TARGET_BEGIN(T)
+#define CGX_TARGET_END
 #endif

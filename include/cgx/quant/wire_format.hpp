@@ -52,8 +52,9 @@
 ///   decode(code) = min + code * unit
 /// ```
 ///
-/// The clamp sits between the product and the addition, so no compiler can fuse them
-/// into an FMA on one side and not on the other: host and device produce the same codes.
+/// Products are rounded on their own (detail::mul_rn: never contracted into an FMA) on
+/// every host path and on the device, and the clamp sits between the product and the
+/// addition: every path produces the same codes and the same decoded values.
 /// A bucket whose unit is so small that 1/unit overflows (subnormal ranges) multiplies
 /// d by 2^64 (2^256 for double) first and uses inv = 1 / (unit 2^64): exact rescaling.
 /// A bucket holding NaN or +-Inf is stored as {NaN, NaN} with zero codes and decodes to
@@ -194,6 +195,37 @@ CGX_HOST_DEVICE inline Meta quiet_nan() {
   }
 }
 
+/// x, hidden from the optimizer: a value passed through it is the rounded result of
+/// its own operation, so a product passed through it is never fused with the addition
+/// that uses it (contraction into an FMA, which GCC does at -O2 wherever the target
+/// has FMA, e.g. inside the AVX2 kernels, and Clang within one expression). Every
+/// product that an addition consumes goes through mul_rn, on every path: host SIMD
+/// with or without FMA, the scalar reference, the device. Works on scalars and on the
+/// host kernels' vectors.
+template <class V>
+CGX_HOST_DEVICE CGX_FORCEINLINE V opaque(V x) {
+#if !defined(__CUDA_ARCH__) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+  asm("" : "+x"(x));
+#elif !defined(__CUDA_ARCH__) && (defined(__GNUC__) || defined(__clang__)) && defined(__aarch64__)
+  asm("" : "+w"(x));
+#endif
+  return x;
+}
+
+/// a * b rounded on its own (never contracted with a following addition).
+template <class M>
+CGX_HOST_DEVICE CGX_FORCEINLINE M mul_rn(M a, M b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<M, double>) {
+    return __dmul_rn(a, b);
+  } else {
+    return __fmul_rn(a, b);
+  }
+#else
+  return opaque(a * b);
+#endif
+}
+
 template <class Meta>
 CGX_HOST_DEVICE CGX_FORCEINLINE bool is_finite(Meta v) {
   // v - v is 0 for finite v and NaN for NaN or +-Inf; no <cmath> needed on the device.
@@ -218,7 +250,7 @@ struct bucket_params {
 /// once per bucket on the stored {min, unit}.
 template <int Bits, class Meta>
 CGX_HOST_DEVICE CGX_FORCEINLINE bool is_wide(Meta mn, Meta unit) {
-  const Meta top = static_cast<Meta>(detail::levels<Bits>) * unit;
+  const Meta top = detail::mul_rn(static_cast<Meta>(detail::levels<Bits>), unit);
   return detail::is_finite(mn) && detail::is_finite(unit) && !(detail::is_finite(top) && detail::is_finite(mn + top));
 }
 
@@ -314,15 +346,16 @@ CGX_HOST_DEVICE CGX_FORCEINLINE std::uint32_t encode_value(Meta x, Meta mn, Meta
   constexpr Meta L = static_cast<Meta>(detail::levels<Bits>);
   Meta d = x - mn;
   if constexpr (Scaled) d = d * detail::rescale_factor<Meta>();
-  Meta v = d * inv;
+  Meta v = detail::mul_rn(d, inv);
   v = v < L ? v : L;
   return static_cast<std::uint32_t>(static_cast<std::int32_t>(v + offset));
 }
 
-/// Value of one code.
+/// Value of one code: min + (code * unit), two roundings (never one fused multiply-add),
+/// on every host path and on the device.
 template <class Meta>
 CGX_HOST_DEVICE CGX_FORCEINLINE Meta decode_value(std::uint32_t code, Meta mn, Meta unit) {
-  return mn + static_cast<Meta>(code) * unit;
+  return mn + detail::mul_rn(static_cast<Meta>(code), unit);
 }
 
 /// Code of one value of a wide bucket (max - min overflows M): the difference is taken
@@ -332,9 +365,9 @@ CGX_HOST_DEVICE inline std::uint32_t encode_value_wide(Meta x, Meta mn, Meta inv
   constexpr double L = static_cast<double>(detail::levels<Bits>);
   double v;
   if constexpr (std::is_same_v<Meta, float>) {
-    v = (static_cast<double>(x) - static_cast<double>(mn)) * static_cast<double>(inv);
+    v = detail::mul_rn(static_cast<double>(x) - static_cast<double>(mn), static_cast<double>(inv));
   } else {
-    v = (x * 0.5 - mn * 0.5) * (inv * 2.0);
+    v = detail::mul_rn(x * 0.5 - mn * 0.5, inv * 2.0);
   }
   v = v < L ? v : L;
   return static_cast<std::uint32_t>(static_cast<std::int32_t>(v + static_cast<double>(offset)));
@@ -345,7 +378,7 @@ CGX_HOST_DEVICE inline std::uint32_t encode_value_wide(Meta x, Meta mn, Meta inv
 template <class Meta>
 CGX_HOST_DEVICE inline Meta decode_value_wide(std::uint32_t code, Meta mn, Meta unit) {
   if constexpr (std::is_same_v<Meta, float>) {
-    return static_cast<float>(static_cast<double>(mn) + static_cast<double>(code) * static_cast<double>(unit));
+    return static_cast<float>(static_cast<double>(mn) + detail::mul_rn(static_cast<double>(code), static_cast<double>(unit)));
   } else {
     // One explicit fma on host and device alike (a contraction left to the compiler
     // could differ between them); the halving is exact.
