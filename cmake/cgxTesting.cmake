@@ -5,10 +5,14 @@
 #   each rank count, launched with ${MPIEXEC_EXECUTABLE}. Works with Open MPI run as
 #   root on a 2-core machine (oversubscription is added for Open MPI) and with MPICH
 #   (configure with -DMPIEXEC_EXECUTABLE=/usr/bin/mpiexec.mpich -DMPI_CXX_COMPILER=mpicxx.mpich).
+#
+# cgx_add_test (below) needs no MPI: a build without MPI (e.g. a cross build) includes
+# this file for it alone.
 
 set(CGX_TEST_RANKS 1 2 3 4 CACHE STRING "Rank counts the MPI tests are registered for")
 
-if(NOT DEFINED CGX_MPIEXEC_IS_OPENMPI)
+# No launcher to ask where MPI was not found.
+if(NOT DEFINED CGX_MPIEXEC_IS_OPENMPI AND MPIEXEC_EXECUTABLE)
   execute_process(COMMAND ${MPIEXEC_EXECUTABLE} --version OUTPUT_VARIABLE _cgx_mpiexec_version
                   ERROR_VARIABLE _cgx_mpiexec_version RESULT_VARIABLE _rc)
   if(_cgx_mpiexec_version MATCHES "Open MPI|OpenRTE")

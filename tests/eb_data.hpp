@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "mpi_test_util.hpp"
+#include "test_mix.hpp"
 
 namespace cgx_test {
 

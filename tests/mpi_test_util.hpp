@@ -9,6 +9,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "test_mix.hpp"
+
 namespace cgx_test {
 
 // Plan options that always run the reducer's schedule: no fallback to the transport's
@@ -33,13 +35,6 @@ inline int world_size() {
   int s;
   MPI_Comm_size(MPI_COMM_WORLD, &s);
   return s;
-}
-
-inline std::uint64_t mix(std::uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
 }
 
 // Rank r's input value i: gradient-like, reproducible on every rank.
