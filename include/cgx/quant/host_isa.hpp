@@ -23,8 +23,9 @@
 /// The choice: the best path the CPU supports (`detected_host_isa()`), unless the
 /// environment variable `CGX_HOST_ISA` (scalar, sse2, avx2, avx512, neon) names another
 /// one that the CPU supports, read once at the first call, or a program calls
-/// `force_host_isa()`. Paths below the instruction set the translation unit was
-/// compiled for are still offered (a `-march=native` build can run the SSE2 kernels).
+/// `force_host_isa()`. A path's kernels are compiled with its instruction set added to
+/// the translation unit's own: in a `-march=native` build the "sse2" path is 16-byte
+/// code that may use that CPU's newer instructions (it still writes the same bytes).
 
 #include <atomic>
 #include <cstdlib>
