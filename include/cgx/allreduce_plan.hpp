@@ -48,10 +48,10 @@ class allreduce_plan {
   using schedule_type = typename R::template schedule<T, Q, X>;
 
  public:
-  using value_type = T;
-  using quantizer_type = Q;
-  using reducer_type = R;
-  using transport_type = X;
+  using value_type = T;          ///< the element type of the buffers
+  using quantizer_type = Q;      ///< the quantizer (codec) on the wire
+  using reducer_type = R;        ///< the reducer (schedule)
+  using transport_type = X;      ///< the transport
 
   /// Bytes of workspace a plan for `max_count` values on `ranks` ranks needs.
   static std::size_t workspace_bytes(std::size_t max_count, int ranks) {
@@ -129,6 +129,7 @@ class allreduce_plan {
 
   /// The transport (e.g. to read rank() and size()).
   X& transport() noexcept { return x_; }
+  /// The transport, read-only.
   const X& transport() const noexcept { return x_; }
   /// Largest count a call may pass.
   std::size_t max_count() const noexcept { return max_count_; }

@@ -2,9 +2,12 @@
 /// \file config.hpp
 /// Version and portability macros. Every `CGX_` macro of the library lives here.
 
-#define CGX_VERSION_MAJOR 0
-#define CGX_VERSION_MINOR 1
-#define CGX_VERSION_PATCH 0
+#define CGX_VERSION_MAJOR 0  ///< major version: changes break the API
+#define CGX_VERSION_MINOR 1  ///< minor version: additions
+#define CGX_VERSION_PATCH 0  ///< patch version: fixes
+
+/// \cond CGX_INTERNAL
+// The portability macros below are the library's own plumbing, not API.
 
 #if defined(__CUDACC__)
 /// Marks a function usable from host and device code (both when compiled by nvcc).
@@ -91,3 +94,4 @@
 #define CGX_TARGET_BEGIN(T)
 #define CGX_TARGET_END
 #endif
+/// \endcond

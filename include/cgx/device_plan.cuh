@@ -58,11 +58,12 @@ namespace comm {
 /// nccl, mpi_device), comm::mpi_device for comm::mpi.
 template <class X>
 struct device_transport_of {
-  using type = X;
+  using type = X;  ///< the device transport
 };
+/// comm::mpi moves device buffers through comm::mpi_device.
 template <>
 struct device_transport_of<mpi> {
-  using type = mpi_device;
+  using type = mpi_device;  ///< the device transport
 };
 }  // namespace comm
 
@@ -124,10 +125,10 @@ class device_allreduce_plan {
   static_assert(comm::device_transport<device_transport_type>,
                 "cgx::device_allreduce_plan: X must be a device transport (cgx::comm::mpi, cgx::comm::cuda_ipc or "
                 "cgx::comm::nccl): it needs rank(), size(), reserve(), prepare_send(), exchange() and max_all()");
-  using value_type = T;
-  using quantizer_type = Q;
-  using reducer_type = R;
-  using transport_type = X;
+  using value_type = T;          ///< the element type of the buffers
+  using quantizer_type = Q;      ///< the quantizer (codec) on the wire
+  using reducer_type = R;        ///< the reducer (schedule)
+  using transport_type = X;      ///< the transport
 
  private:
   using schedule_type = typename detail::device_schedule<R>::template type<T, Q, device_transport_type>;

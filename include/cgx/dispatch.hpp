@@ -12,12 +12,13 @@
 
 namespace cgx {
 
-/// Calls f(std::integral_constant<int, V>{}) for the V in {Vs...} that equals v and
-/// returns its result; throws cgx::error(errc::invalid_argument) if v is not compiled in.
 namespace detail {
 template <int First, int...>
 inline constexpr int first_of = First;
 }  // namespace detail
+
+/// Calls f(std::integral_constant<int, V>{}) for the V in {Vs...} that equals v and
+/// returns its result; throws cgx::error(errc::invalid_argument) if v is not compiled in.
 
 template <int... Vs, class F>
 decltype(auto) dispatch(int v, F&& f) {

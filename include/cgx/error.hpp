@@ -21,6 +21,7 @@ enum class errc {
 /// When an allreduce throws before moving data, the caller's buffer is untouched.
 class error : public std::runtime_error {
  public:
+  /// An error of category `code`; what() returns "cgx: " followed by `what`.
   error(errc code, const std::string& what) : std::runtime_error("cgx: " + what), code_(code) {}
   /// The category of the failure.
   [[nodiscard]] errc code() const noexcept { return code_; }

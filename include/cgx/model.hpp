@@ -62,9 +62,9 @@ namespace cgx::model {
 /// and the bytes it passes at once before the rate applies (a token bucket's burst;
 /// 0 for a plain link).
 struct link {
-  double alpha_s;
-  double bytes_per_s;
-  double burst_bytes = 0;
+  double alpha_s;          ///< latency per message, seconds
+  double bytes_per_s;      ///< bandwidth, bytes per second in each direction
+  double burst_bytes = 0;  ///< bytes passed at once before the rate applies
 };
 
 /// A machine: its links and the throughputs of one core (bytes of input per second).
@@ -107,6 +107,7 @@ struct problem {
 /// The schedules the model knows.
 enum class algorithm { mpi_ring, sra, ring, tree, hierarchical };
 
+/// Every algorithm, in the order of the enum.
 inline constexpr std::array<algorithm, 5> all_algorithms{algorithm::mpi_ring, algorithm::sra, algorithm::ring,
                                                         algorithm::tree, algorithm::hierarchical};
 
@@ -124,10 +125,11 @@ constexpr std::string_view name(algorithm a) noexcept {
 
 /// A predicted time and its parts (seconds).
 struct prediction {
-  double latency_s = 0;
-  double wire_s = 0;
-  double compute_s = 0;
+  double latency_s = 0;  ///< per-message latencies on the critical path
+  double wire_s = 0;     ///< bytes on the busiest link over its bandwidth
+  double compute_s = 0;  ///< quantizer and reduction time on the critical path
   double overlap_s = 0;  ///< wire and compute time that run at the same time
+  /// The predicted time of the call.
   [[nodiscard]] double total_s() const noexcept { return latency_s + wire_s + compute_s - overlap_s; }
 };
 
@@ -343,6 +345,7 @@ inline constexpr double dev_compress = 8.9e9, dev_decompress = 13.1e9, dev_decom
                         dev_add = 9.75e9, dev_tcp_cpu = 1.2e-9;
 }  // namespace detail
 
+/// Named machines: this project's emulated links (measured) and common networks.
 inline constexpr std::array<machine, 8> profiles{{
     {"loopback-1gbit", "one 2-core host, ranks share a 1 Gbit/s tbf loopback (bench/netns-run 1gbit)",
      {50e-6, 125e6, 262144}, {50e-6, 125e6, 262144}, true, 1 << 20, 2,

@@ -48,9 +48,9 @@ class reduce_scatter_plan : public detail::plan_base<X> {
   using base = detail::plan_base<X>;
 
  public:
-  using value_type = T;
-  using quantizer_type = Q;
-  using transport_type = X;
+  using value_type = T;          ///< the element type of the buffers
+  using quantizer_type = Q;      ///< the quantizer (codec) on the wire
+  using transport_type = X;      ///< the transport
 
   /// Bytes of workspace a plan for `max_count` values on `ranks` ranks needs.
   static std::size_t workspace_bytes(std::size_t max_count, int ranks) {

@@ -11,8 +11,8 @@ namespace cgx::comm {
 
 /// The values [begin, begin + count) of one chunk.
 struct chunk {
-  std::size_t begin;
-  std::size_t count;
+  std::size_t begin;  ///< index of the first value
+  std::size_t count;  ///< number of values
 };
 
 /// Chunk `r` of `parts` chunks of a buffer of n values, cut at multiples of `granule`.

@@ -113,6 +113,7 @@ class cuda_ipc {
     }
   }
 
+  /// Movable (the plan takes the transport by value); not copyable.
   cuda_ipc(cuda_ipc&&) noexcept = default;
   cuda_ipc(const cuda_ipc&) = delete;
   cuda_ipc& operator=(const cuda_ipc&) = delete;

@@ -175,7 +175,9 @@ class cuda_event {
   explicit cuda_event(unsigned flags) {
     detail::cuda_check(cudaEventCreateWithFlags(&e_, flags), "cgx: cudaEventCreateWithFlags");
   }
+  /// Takes over o's event; o holds none after.
   cuda_event(cuda_event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  /// Destroys this event and takes over o's.
   cuda_event& operator=(cuda_event&& o) noexcept {
     if (this != &o) {
       reset();

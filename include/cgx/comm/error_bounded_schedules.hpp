@@ -50,7 +50,7 @@ namespace cgx::comm {
 /// The error-bounded schedule of reducer R, or none: only the specializations below exist.
 template <class R>
 struct error_bounded_schedule {
-  static constexpr bool supported = false;
+  static constexpr bool supported = false;  ///< R has no error-bounded schedule
 };
 
 /// Bytes sent by one call of an error-bounded schedule on this rank.
@@ -74,10 +74,11 @@ std::size_t eb_acc_bytes(std::size_t n, int p) {
 /// SRA with variable-size messages (see the file comment).
 template <>
 struct error_bounded_schedule<scatter_reduce_allgather> {
-  static constexpr bool supported = true;
+  static constexpr bool supported = true;  ///< R has an error-bounded schedule
   /// Quantization errors on an element's path.
   static constexpr int error_terms(int p) { return p > 1 ? p : 0; }
 
+  /// The schedule for values T, quantizer Q and transport X; the plan owns the workspace.
   template <class T, class Q, class X>
   class schedule {
    public:
@@ -85,8 +86,10 @@ struct error_bounded_schedule<scatter_reduce_allgather> {
     static std::size_t workspace_bytes(std::size_t n, int p) {
       return 2 * static_cast<std::size_t>(p) * detail::eb_slot_bytes<Q>(n, p) + detail::eb_acc_bytes<Q>(n, p);
     }
+    /// The values of n that rank r of p owns (its chunk: bucket-aligned, balanced).
     static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule_of<Q>); }
 
+    /// Binds to the plan's transport; allocates only its own request lists.
     explicit schedule(X& x) : vx_(x.size()) {}
 
     /// In place sum of buf[0..n) over all ranks, every quantization within e. Collective.
@@ -151,10 +154,11 @@ struct error_bounded_schedule<scatter_reduce_allgather> {
 /// Ring with variable-size messages (see the file comment).
 template <>
 struct error_bounded_schedule<ring> {
-  static constexpr bool supported = true;
+  static constexpr bool supported = true;  ///< R has an error-bounded schedule
   /// Quantization errors on an element's path.
   static constexpr int error_terms(int p) { return p > 1 ? p : 0; }
 
+  /// The schedule for values T, quantizer Q and transport X; the plan owns the workspace.
   template <class T, class Q, class X>
   class schedule {
    public:
@@ -162,8 +166,10 @@ struct error_bounded_schedule<ring> {
     static std::size_t workspace_bytes(std::size_t n, int p) {
       return (static_cast<std::size_t>(p) + 2) * detail::eb_slot_bytes<Q>(n, p) + detail::eb_acc_bytes<Q>(n, p);
     }
+    /// The values of n that rank r of p owns (its chunk: bucket-aligned, balanced).
     static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule_of<Q>); }
 
+    /// Binds to the plan's transport; allocates only its own request lists.
     explicit schedule(X& x) : vx_(x.size()), len_(static_cast<std::size_t>(x.size())) {}
 
     /// In place sum of buf[0..n) over all ranks, every quantization within e. Collective.

@@ -95,19 +95,20 @@ struct hierarchical {
   static_assert(reducer<Intra>, "cgx::comm::hierarchical<Intra, Inter>: Intra must be a reducer");
   static_assert(reducer<Inter>, "cgx::comm::hierarchical<Intra, Inter>: Inter must be a reducer");
 
-  static constexpr const char* name = "hierarchical";
+  static constexpr const char* name = "hierarchical";  ///< the reducer's name (benchmarks, plan signatures)
 
   /// Upper bound of the quantizations per element for p ranks (the node layout is only
   /// known at run time; the plan's schedule reports the exact figure).
   static constexpr int quantizations(int p) { return Intra::quantizations(p) + Inter::quantizations(p); }
 
+  /// The schedule for values T, quantizer Q and transport X; the plan owns the workspace.
   template <class T, class Q, class X>
   class schedule {
     using intra_schedule = typename Intra::template schedule<T, Q, X>;
     using inter_schedule = typename Inter::template schedule<T, Q, X>;
 
    public:
-    static constexpr std::size_t granule = granule_of<Q>;
+    static constexpr std::size_t granule = granule_of<Q>;  ///< chunk boundaries fall on multiples of this many values
 
     /// An upper bound valid for any split of p ranks into nodes.
     static std::size_t workspace_bytes(std::size_t n, int p) {
@@ -143,6 +144,7 @@ struct hierarchical {
 
     /// Ranks per node and number of nodes.
     int ranks_per_node() const { return intra_x_->size(); }
+    /// Number of nodes (ranks of the inter-node transport).
     int nodes() const { return inter_x_->size(); }
     /// Quantizations per element of this layout.
     int quantizations() const { return Intra::quantizations(ranks_per_node()) + Inter::quantizations(nodes()); }

@@ -37,7 +37,7 @@ class mpi {
  public:
   /// A pending send or receive; messages over 2 GiB travel in two parts.
   struct request {
-    MPI_Request r[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    MPI_Request r[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  ///< the MPI requests (the second for the part above 2 GiB)
   };
 
   /// How ranks are grouped into nodes, for hierarchical reducers: by default the
@@ -67,8 +67,10 @@ class mpi {
   }
   mpi(const mpi&) = delete;
   mpi& operator=(const mpi&) = delete;
+  /// Takes over o's communicator; o holds MPI_COMM_NULL after.
   mpi(mpi&& o) noexcept
       : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_), node_color_(o.node_color_) {}
+  /// Frees this transport's communicator and takes over o's.
   mpi& operator=(mpi&& o) noexcept {
     if (this != &o) {
       release();

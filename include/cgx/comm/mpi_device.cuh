@@ -79,7 +79,9 @@ class mpi_device {
   /// Duplicates `comm` (see comm::mpi). Collective.
   explicit mpi_device(MPI_Comm comm, path how = path::automatic) : mpi_device(mpi(comm), how) {}
 
+  /// Movable (the plan takes the transport by value); not copyable.
   mpi_device(mpi_device&&) noexcept = default;
+  /// Movable; not copyable.
   mpi_device& operator=(mpi_device&&) noexcept = default;
   mpi_device(const mpi_device&) = delete;
   mpi_device& operator=(const mpi_device&) = delete;

@@ -71,6 +71,7 @@ class nccl {
                         "; NCCL needs a distinct GPU per rank)")
                            .c_str());
   }
+  /// Takes over o's NCCL communicator and buffers; o holds none after.
   nccl(nccl&& o) noexcept
       : x_(std::move(o.x_)), device_(o.device_), comm_(std::exchange(o.comm_, nullptr)), mem_(std::move(o.mem_)) {}
   nccl& operator=(nccl&&) = delete;

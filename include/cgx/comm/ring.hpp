@@ -43,7 +43,7 @@ namespace cgx::comm {
 /// Ring reduce-scatter with re-quantized partial sums, then a ring allgather that
 /// forwards compressed bytes (see the file comment for traffic and error).
 struct ring {
-  static constexpr const char* name = "ring";
+  static constexpr const char* name = "ring";  ///< the reducer's name (benchmarks, plan signatures)
 
   /// Quantizations an element goes through on its longest path.
   static constexpr int quantizations(int p) { return p > 1 ? p : 0; }
@@ -52,10 +52,11 @@ struct ring {
   /// comm::symmetric_at_two; hierarchical crosses such groups on two nodes).
   static constexpr bool symmetric_at_two = true;
 
+  /// The schedule for values T, quantizer Q and transport X; the plan owns the workspace.
   template <class T, class Q, class X>
   class schedule {
    public:
-    static constexpr std::size_t granule = granule_of<Q>;
+    static constexpr std::size_t granule = granule_of<Q>;  ///< chunk boundaries fall on multiples of this many values
 
     /// p slots for the compressed chunks of the allgather, plus one send and one
     /// receive slot for the reduce-scatter.
@@ -63,8 +64,10 @@ struct ring {
       return (static_cast<std::size_t>(p) + 2) * slot_bytes(n, p);
     }
 
+    /// Binds to the plan's transport; allocates only its own request lists.
     explicit schedule(X&) {}
 
+    /// The values of n that rank r of p owns (its chunk: bucket-aligned, balanced).
     static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule); }
 
     /// In place sum over all ranks of buf[0..n). Collective.

@@ -42,7 +42,7 @@ namespace cgx::comm {
 
 /// CGX's scatter-reduce-allgather schedule (see the file comment for traffic and error).
 struct scatter_reduce_allgather {
-  static constexpr const char* name = "sra";
+  static constexpr const char* name = "sra";  ///< the reducer's name (benchmarks, plan signatures)
 
   /// Quantizations an element goes through on its longest path.
   static constexpr int quantizations(int p) { return p > 1 ? 2 : 0; }
@@ -56,12 +56,13 @@ struct scatter_reduce_allgather {
   template <class T, class Q, class X>
   class schedule {
    public:
-    static constexpr std::size_t granule = granule_of<Q>;
+    static constexpr std::size_t granule = granule_of<Q>;  ///< chunk boundaries fall on multiples of this many values
 
     /// Bytes of workspace for up to n values on p ranks: p slots each for what this rank
     /// sends, what it receives in the scatter-reduce, and what it receives in the allgather.
     static std::size_t workspace_bytes(std::size_t n, int p) { return 3 * static_cast<std::size_t>(p) * slot_bytes(n, p); }
 
+    /// Binds to the plan's transport; allocates only its own request lists.
     explicit schedule(X& x) {
       const auto p = static_cast<std::size_t>(x.size());
       reqs_.reserve(2 * max_pieces * p);

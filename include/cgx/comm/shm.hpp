@@ -69,7 +69,7 @@ class shm {
  public:
   /// Handle of a posted send or receive.
   struct request {
-    std::uint64_t id = 0;  // 0: nothing to wait for
+    std::uint64_t id = 0;  ///< the transfer's number; 0: nothing to wait for
   };
 
   /// Default ring size per ordered pair of ranks.
@@ -122,7 +122,9 @@ class shm {
 
   shm(const shm&) = delete;
   shm& operator=(const shm&) = delete;
+  /// Takes over o's segment and queues; o holds none after.
   shm(shm&& o) noexcept { *this = std::move(o); }
+  /// Releases this transport's segment and takes over o's.
   shm& operator=(shm&& o) noexcept {
     if (this != &o) {
       release();
@@ -144,7 +146,9 @@ class shm {
   }
   ~shm() { release(); }
 
+  /// This process's rank in the communicator given at construction.
   [[nodiscard]] int rank() const noexcept { return rank_; }
+  /// Number of ranks.
   [[nodiscard]] int size() const noexcept { return size_; }
   /// True: all ranks share one node (the constructor refuses any other communicator).
   /// Moves no data; plans ask it, as they ask comm::mpi's, to pick their threshold.

@@ -43,7 +43,7 @@ namespace cgx::comm {
 
 /// Recursive halving / doubling (see the file comment for traffic and error).
 struct tree {
-  static constexpr const char* name = "tree";
+  static constexpr const char* name = "tree";  ///< the reducer's name (benchmarks, plan signatures)
 
   /// Quantizations an element goes through on its longest path.
   static constexpr int quantizations(int p) {
@@ -56,10 +56,11 @@ struct tree {
   /// comm::symmetric_at_two; hierarchical crosses such groups on two nodes).
   static constexpr bool symmetric_at_two = true;
 
+  /// The schedule for values T, quantizer Q and transport X; the plan owns the workspace.
   template <class T, class Q, class X>
   class schedule {
    public:
-    static constexpr std::size_t granule = granule_of<Q>;
+    static constexpr std::size_t granule = granule_of<Q>;  ///< chunk boundaries fall on multiples of this many values
 
     /// q slots for the compressed chunks, a receive slot of half the buffer, and (for
     /// the fold) a whole compressed buffer.
@@ -68,8 +69,10 @@ struct tree {
       return static_cast<std::size_t>(q) * slot_bytes(n, q) + 2 * whole_bytes(n);
     }
 
+    /// Binds to the plan's transport; allocates only its own request lists.
     explicit schedule(X& x) { reqs_.reserve(2 * static_cast<std::size_t>(pow2(x.size())) + 2); }
 
+    /// The values of n that rank r of p owns (its chunk: bucket-aligned, balanced).
     static chunk chunk_of(std::size_t n, int q, int c) { return comm::chunk_of(n, q, c, granule); }
 
     /// In place sum over all ranks of buf[0..n). Collective.

@@ -29,7 +29,7 @@ namespace cgx::comm {
 
 /// Exact direct reduce-scatter + allgather (see the file comment).
 struct uncompressed {
-  static constexpr const char* name = "uncompressed";
+  static constexpr const char* name = "uncompressed";  ///< the reducer's name (benchmarks, plan signatures)
 
   /// Quantizations an element goes through: none.
   static constexpr int quantizations(int) { return 0; }
@@ -38,10 +38,11 @@ struct uncompressed {
   /// comm::symmetric_at_two; hierarchical crosses such groups on two nodes).
   static constexpr bool symmetric_at_two = true;
 
+  /// The schedule for values T, quantizer Q and transport X; the plan owns the workspace.
   template <class T, class Q, class X>
   class schedule {
    public:
-    static constexpr std::size_t granule = granule_of<Q>;
+    static constexpr std::size_t granule = granule_of<Q>;  ///< chunk boundaries fall on multiples of this many values
 
     /// Bytes of workspace for up to n values on p ranks: the p - 1 incoming parts of
     /// this rank's chunk.
@@ -50,6 +51,7 @@ struct uncompressed {
       return static_cast<std::size_t>(p - 1) * slot_bytes(n, p);
     }
 
+    /// Binds to the plan's transport; allocates only its own request lists.
     explicit schedule(X& x) { reqs_.reserve(2 * static_cast<std::size_t>(x.size())); }
 
     /// In place sum over all ranks of buf[0..n). Collective.

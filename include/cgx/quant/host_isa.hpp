@@ -71,8 +71,14 @@ enum class host_isa : int { scalar = 0, sse2 = 1, avx2 = 2, avx512 = 3, neon = 4
 /// The CPU features a path needs, as a pure function of what the CPU reports (so that
 /// the choice can be tested for CPUs other than this one).
 struct cpu_features {
-  bool sse2 = false, avx2 = false, fma = false, avx512f = false, avx512bw = false, avx512dq = false,
-       avx512vl = false, neon = false;
+  bool sse2 = false;      ///< x86-64 baseline
+  bool avx2 = false;      ///< AVX2
+  bool fma = false;       ///< FMA3 (the avx2 path needs it with AVX2)
+  bool avx512f = false;   ///< AVX-512 Foundation
+  bool avx512bw = false;  ///< AVX-512 byte and word instructions
+  bool avx512dq = false;  ///< AVX-512 doubleword and quadword instructions
+  bool avx512vl = false;  ///< AVX-512 on 128- and 256-bit registers
+  bool neon = false;      ///< AArch64 Advanced SIMD
 };
 
 /// True when a CPU with features `f` can run path `i` (and this build compiled it).

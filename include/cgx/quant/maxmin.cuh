@@ -484,13 +484,15 @@ struct device<maxmin<Bits, BucketSize, Rounding>> {
 /// for half types). `none` does not inspect values: `d_status` is left untouched.
 template <>
 struct device<none> {
-  using quantizer = none;
+  using quantizer = none;  ///< the host quantizer this one matches byte for byte
 
+  /// n * sizeof(T): the raw bytes.
   template <class T>
   static constexpr std::size_t compressed_bytes(std::size_t n) noexcept {
     return n * sizeof(T);
   }
 
+  /// Copies the n values to d_out, in stream order.
   template <class T>
   static void compress(const T* d_in, std::size_t n, std::byte* d_out, const rng_state& = {},
                        cudaStream_t stream = nullptr, device_status* = nullptr) {
@@ -499,6 +501,7 @@ struct device<none> {
                        "cgx::quant::device<none>::compress: cudaMemcpyAsync");
   }
 
+  /// Copies n values from d_in, in stream order.
   template <class T>
   static void decompress(const std::byte* d_in, std::size_t n, T* d_out, cudaStream_t stream = nullptr) {
     if (n == 0) return;

@@ -38,12 +38,13 @@ struct maxmin {
   static_assert(is_rounding_v<Rounding>, "cgx::quant::maxmin: Rounding must be cgx::quant::nearest or "
                                          "cgx::quant::stochastic");
 
-  static constexpr int bits = Bits;
-  static constexpr std::size_t bucket_size = BucketSize;
-  using rounding = Rounding;
+  static constexpr int bits = Bits;                       ///< bits per value, 1..8
+  static constexpr std::size_t bucket_size = BucketSize;  ///< values per bucket (one min and unit each)
+  using rounding = Rounding;                              ///< quant::nearest or quant::stochastic
   /// Decompress(compress(x)) == x for every x: false for maxmin.
   static constexpr bool lossless = false;
 
+  /// Sizes and offsets of the wire format for values of T (wire_format.hpp).
   template <class T>
   using layout = wire_layout<Bits, BucketSize, meta_t<T>>;
 

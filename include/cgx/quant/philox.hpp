@@ -14,7 +14,7 @@ namespace cgx::quant {
 
 /// Four 32-bit words: a Philox counter or output block.
 struct philox_block {
-  std::uint32_t w[4];
+  std::uint32_t w[4];  ///< the words, lowest first
 };
 
 namespace detail {

@@ -93,8 +93,8 @@ using meta_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 /// Sizes and offsets of the maxmin wire format (see the file comment).
 template <int Bits, std::size_t BucketSize, class Meta>
 struct wire_layout {
-  static constexpr std::size_t meta_record = 2 * sizeof(Meta);
-  static constexpr std::size_t full_code_bytes = Bits * (BucketSize / 8);
+  static constexpr std::size_t meta_record = 2 * sizeof(Meta);              ///< bytes of one bucket's min and unit
+  static constexpr std::size_t full_code_bytes = Bits * (BucketSize / 8);  ///< bytes of a full bucket's codes
 
   /// Number of buckets for n values.
   CGX_HOST_DEVICE static constexpr std::size_t buckets(std::size_t n) { return (n + BucketSize - 1) / BucketSize; }
@@ -314,18 +314,23 @@ CGX_HOST_DEVICE inline bucket_params<Meta> make_bucket_params(Meta mn, Meta mx, 
 template <class Rounding>
 struct rounding_offsets;
 
+/// Nearest rounding: every offset is 1/2.
 template <>
 struct rounding_offsets<nearest> {
+  /// No state: the arguments are those of the stochastic source.
   CGX_HOST_DEVICE CGX_FORCEINLINE rounding_offsets(const rng_state&, std::uint64_t, std::uint32_t) {}
+  /// 1/2.
   template <class Meta>
   CGX_HOST_DEVICE CGX_FORCEINLINE Meta get(int) const {
     return Meta(0.5);
   }
 };
 
+/// Stochastic rounding: offsets from one Philox block keyed by (seed, stream, call counter)
+/// and indexed by (bucket, position), so that they do not depend on the thread layout.
 template <>
 struct rounding_offsets<stochastic> {
-  philox_block r;
+  philox_block r;  ///< the block: eight 16-bit fractions
   /// `bucket_first` is the global index of the bucket's first value, `j` the position.
   CGX_HOST_DEVICE CGX_FORCEINLINE rounding_offsets(const rng_state& s, std::uint64_t bucket_first,
                                                    std::uint32_t j) {
@@ -333,6 +338,7 @@ struct rounding_offsets<stochastic> {
                           static_cast<std::uint32_t>(bucket_first >> 32), s.counter}};
     r = philox4x32<stochastic_philox_rounds>(c, static_cast<std::uint32_t>(s.seed) ^ s.stream, static_cast<std::uint32_t>(s.seed >> 32));
   }
+  /// Offset k (0..7) of the block, in [0, 1) with 16 bits.
   template <class Meta>
   CGX_HOST_DEVICE CGX_FORCEINLINE Meta get(int k) const {
     const std::uint32_t h = (r.w[k >> 1] >> ((k & 1) * 16)) & 0xffffu;
