@@ -61,11 +61,10 @@ TEST_CASE("start()/wait() gives the bits of the blocking call, while the caller 
     blocking(a.data(), n);
     overlapped.start(b.data(), n);
     CHECK(overlapped.in_flight());
-    double busy = 0;  // the "training step" that overlaps the reduction
-    for (int i = 0; i < 200000; ++i) busy += 1e-9 * i;
+    volatile double busy = 0;  // the "training step" that overlaps the reduction
+    for (int i = 0; i < 200000; ++i) busy = busy + 1e-9 * i;
     overlapped.wait();
     CHECK(!overlapped.in_flight());
-    CHECK(busy > 0);
     CHECK(a == b);
     CHECK(identical_on_all_ranks(b));
   }
