@@ -42,9 +42,13 @@
 #endif
 
 /// Unrolls the following loop fully (the trip counts it is used on are compile-time constants).
-/// nvcc's device pass takes `unroll`; its host pass hands the code to the host compiler.
+/// nvcc's device pass takes `unroll`. Its host pass gets nothing: nvcc's front end parses
+/// the host code too and warns about every GCC or Clang loop pragma ("unrecognized GCC
+/// pragma"); host code in .cu files is the scalar reference, not a hot path.
 #if defined(__CUDA_ARCH__)
 #define CGX_UNROLL _Pragma("unroll")
+#elif defined(__CUDACC__)
+#define CGX_UNROLL
 #elif defined(__clang__)
 #define CGX_UNROLL _Pragma("clang loop unroll(full)")
 #elif defined(__GNUC__)

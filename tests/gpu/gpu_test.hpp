@@ -52,14 +52,26 @@ inline bool report(bool ok, const char* expr, const char* file, int line, const 
 
 namespace gpu_test {
 
-/// Exits 77 (skipped) when no CUDA device is usable.
-inline void require_device(const char* name) {
+/// The number of CUDA devices; 0 when there is none or no driver to reach one (the
+/// only cases a GPU test may skip). Any other CUDA error fails the test (exit 1).
+inline int device_count(const char* name) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    std::printf("%s: no CUDA device (%s): skipped\n", name, e != cudaSuccess ? cudaGetErrorString(e) : "count 0");
-    std::exit(77);
+  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
+    std::printf("%s: no CUDA device (%s): skipped\n", name, cudaGetErrorString(e));
+    return 0;
   }
+  if (e != cudaSuccess) {
+    std::printf("%s: cudaGetDeviceCount failed: %s (%d)\n", name, cudaGetErrorString(e), static_cast<int>(e));
+    std::exit(1);
+  }
+  if (count == 0) std::printf("%s: no CUDA device (count 0): skipped\n", name);
+  return count;
+}
+
+/// Exits 77 (skipped) when there is no CUDA device (see device_count()).
+inline void require_device(const char* name) {
+  if (device_count(name) == 0) std::exit(77);
   cudaDeviceProp prop{};
   CUDA_OK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s: device 0: %s (sm_%d%d)\n", name, prop.name, prop.major, prop.minor);

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 
 namespace {
 
@@ -176,7 +177,7 @@ void check_plan(const char* name, std::size_t max_count, std::initializer_list<s
   }
 }
 
-/// The README's example (quoted verbatim: test readme_snippet_device), run and checked.
+/// The example of docs/device.md (quoted verbatim: test doc_snippet.device), run and checked.
 void readme_example(float* d_grad, std::size_t n, cudaStream_t stream) {
 // [snippet:device]
   using Q = cgx::quant::maxmin<4, 1024, cgx::quant::stochastic>;
@@ -244,13 +245,9 @@ void check_errors() {
 
 int main(int argc, char** argv) {
   // Decide about the device before MPI starts: every rank of a node sees the same.
-  int devices = 0;
-  const cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e != cudaSuccess || devices == 0) {
-    std::printf("test_device_allreduce (%s): no CUDA device (%s): skipped\n", transport_name,
-                e != cudaSuccess ? cudaGetErrorString(e) : "count 0");
-    return 77;
-  }
+  const std::string name = std::string("test_device_allreduce (") + transport_name + ")";
+  const int devices = gpu_test::device_count(name.c_str());
+  if (devices == 0) return 77;
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
