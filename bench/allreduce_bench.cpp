@@ -7,6 +7,7 @@
 //       (hier: hierarchical<uncompressed, ring>, exact inside a node, compressed across nodes)
 //       [--native-below SIZE|auto] [--threads N] [--link NAME] [--json FILE]
 //       [--project PROFILE|all] [--bytes SIZE]
+//       [--eb smooth,rough] [--eb-bounds 1e-2,1e-3,1e-4] [--eb-prediction auto,none] [--eb-only]
 //
 // --native-below is the plans' plan_options::native_below_bytes (0: always compress).
 // Its default is 64K, cgx::default_native_below_bytes, the library's pick for ranks on
@@ -27,6 +28,22 @@
 // --project prints the cost model's predictions (include/cgx/model.hpp) for 8 to 1024
 // ranks on a named network profile and exits; it needs no MPI launch.
 //
+// --eb adds the error-bounded rows (cgx::error_bounded_plan, quant::error_bounded<1024>,
+// --reducer sra or ring) after the sweep (--eb-only: instead of it), on fields of -e
+// bytes per rank laid out as rows of 4096 values (4096 x 4096 floats at -e 64M):
+//   smooth: sum_k a_k sin(2 pi (fx_k i + fy_k j) / 4096 + 0.7 r + k) over the waves
+//           (fx, fy, a) = (2, 3, 1), (5, 1, 0.5), (1, 7, 0.3), (9, 4, 0.2) (amplitude 2),
+//           + uniform noise of 1e-3 of the amplitude (+-0.002); rank r shifts the phases;
+//   rough:  smooth + uniform noise of 10% of the amplitude (+-0.2).
+// The bound E of a row is --eb-bounds times the data's range (the largest max - min of
+// one rank's field; the range of the sum is about 2.9x larger). A row reports the bytes
+// each rank sent over the whole allreduce (mean and max over ranks, MiB), the ratio to
+// the uncompressed schedule's, the largest error of any element on any rank over E, the
+// time and MPI_Allreduce's, timed in the same loop as the sweep's rows (-w, -n; one
+// pass). --eb-prediction picks the codec's modes: auto (plain or delta per bucket, the
+// default) and/or none (plain only: the stream of the codec before the delta mode).
+// A row whose error exceeds E makes the bench exit with status 3.
+//
 // --bits 32 (float) or 64 (double) is the uncompressed passthrough. busbw is computed
 // on the uncompressed size: algbw * 2(p-1)/p. Each iteration restores the input, so
 // every call reduces the same data; the time of an iteration is the maximum over
@@ -42,6 +59,7 @@
 #include <cgx/model.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -74,7 +92,19 @@ struct options {
   std::string json;
   std::string project;           // --project: print the model's projections and exit
   std::size_t project_bytes = 64 << 20;
+  std::vector<std::string> eb_fields;                          // --eb: error-bounded rows on these fields
+  std::vector<double> eb_bounds = {1e-2, 1e-3, 1e-4};          // --eb-bounds: E / the data's range
+  std::vector<std::string> eb_prediction = {"auto"};           // --eb-prediction: auto, none
+  bool eb_only = false;                                        // --eb-only: skip the sweep
 };
+
+std::vector<std::string> split_list(const std::string& v) {
+  std::vector<std::string> out;
+  std::stringstream ss(v);
+  for (std::string t; std::getline(ss, t, ',');)
+    if (!t.empty()) out.push_back(t);
+  return out;
+}
 
 [[noreturn]] void usage_error(const std::string& what) {
   std::fprintf(stderr, "allreduce_bench: %s (see the comment at the top of bench/allreduce_bench.cpp)\n", what.c_str());
@@ -130,11 +160,24 @@ options parse(int argc, char** argv) {
     else if (a == "--json") o.json = val();
     else if (a == "--project") o.project = val();
     else if (a == "--bytes") o.project_bytes = parse_size(val());
+    else if (a == "--eb") o.eb_fields = split_list(val());
+    else if (a == "--eb-bounds") {
+      o.eb_bounds.clear();
+      for (const std::string& t : split_list(val())) o.eb_bounds.push_back(std::atof(t.c_str()));
+    } else if (a == "--eb-prediction") o.eb_prediction = split_list(val());
+    else if (a == "--eb-only") o.eb_only = true;
     else usage_error("unknown argument " + a);
   }
   if (o.min_bytes == 0 || o.max_bytes < o.min_bytes || o.factor <= 1 || o.iters < 1 || o.warmup < 0 || o.passes < 1 ||
       o.threads < 1)
     usage_error("need 0 < -b <= -e, -f > 1, -n >= 1, -w >= 0, --passes >= 1, --threads >= 1");
+  for (const std::string& f : o.eb_fields)
+    if (f != "smooth" && f != "rough") usage_error("unknown --eb field " + f + " (smooth, rough)");
+  for (double b : o.eb_bounds)
+    if (!(b > 0)) usage_error("--eb-bounds must be positive");
+  for (const std::string& m : o.eb_prediction)
+    if (m != "auto" && m != "none") usage_error("unknown --eb-prediction " + m + " (auto, none)");
+  if (o.eb_only && o.eb_fields.empty()) usage_error("--eb-only needs --eb");
   return o;
 }
 
@@ -158,11 +201,40 @@ struct runner {
   std::size_t native_below = 0;  // the plan's native_below_bytes()
 };
 
-template <class T, class Q, class R, class X>
-runner make_plan(X x, std::size_t max_count, const options& o) {
+// One timed iteration: cgx (`run`), MPI_Allreduce on MPI_COMM_WORLD and on ring_comm (if
+// not null), each between barriers on data freshly restored from `input` into `work`, in
+// an order that rotates with `it` so that none always goes first (right after the barrier
+// that follows the restore) or last. One buffer for all three, so that none is favoured by
+// where its pages lie or by what is left of them in the caches. The slowest rank's times.
+template <class T, class Run>
+std::array<double, 3> time_rotation(int it, const T* input, T* work, std::size_t n, MPI_Datatype mt, MPI_Comm ring_comm,
+                                    Run&& run) {
+  std::array<double, 3> t{0, 0, 0};
+  for (int slot = 0; slot < 3; ++slot) {
+    const int which = (slot + it) % 3;
+    if (which == 2 && ring_comm == MPI_COMM_NULL) continue;
+    std::memcpy(work, input, n * sizeof(T));
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    if (which == 0) run(work);
+    else MPI_Allreduce(MPI_IN_PLACE, work, static_cast<int>(n), mt, MPI_SUM, which == 1 ? MPI_COMM_WORLD : ring_comm);
+    t[static_cast<std::size_t>(which)] = MPI_Wtime() - t0;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, t.data(), 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return t;
+}
+
+// The plan options the command line asks for.
+cgx::plan_options plan_options_of(const options& o) {
   cgx::plan_options po;
   po.native_below_bytes = o.native_below;
   po.threads = o.threads;
+  return po;
+}
+
+template <class T, class Q, class R, class X>
+runner make_plan(X x, std::size_t max_count, const options& o) {
+  const cgx::plan_options po = plan_options_of(o);
   auto plan = std::make_shared<cgx::allreduce_plan<T, Q, R, X>>(std::move(x), max_count, po);
   return {[plan](void* b, std::size_t n) { (*plan)(static_cast<T*>(b), n); }, plan->native_below_bytes()};
 }
@@ -316,6 +388,161 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// ---- --eb: the error-bounded rows ------------------------------------------------------
+
+// A type-erased error_bounded_plan: `run` sums buf[0..n) in place within the bound.
+struct eb_runner {
+  std::function<void(void*, std::size_t, double)> run;
+  std::function<cgx::error_bounded_stats()> stats;
+  std::size_t native_below = 0;  // the plan's native_below_bytes()
+};
+
+template <class T, class Q, class R, class X>
+eb_runner make_eb_plan(X x, std::size_t max_count, const options& o) {
+  const cgx::plan_options po = plan_options_of(o);
+  auto plan = std::make_shared<cgx::error_bounded_plan<T, Q, R, X>>(std::move(x), max_count, po);
+  return {[plan](void* b, std::size_t n, double e) { (*plan)(static_cast<T*>(b), n, e); },
+          [plan] { return plan->last_stats(); }, plan->native_below_bytes()};
+}
+
+template <class T, class Q, class R>
+eb_runner eb_with_transport(std::size_t max_count, const options& o) {
+  if (o.transport == "mpi") return make_eb_plan<T, Q, R>(cgx::comm::mpi{MPI_COMM_WORLD}, max_count, o);
+  if (o.transport == "shm") return make_eb_plan<T, Q, R>(cgx::comm::shm{MPI_COMM_WORLD}, max_count, o);
+  usage_error("unknown transport " + o.transport);
+}
+
+template <class T>
+eb_runner make_eb_runner(const std::string& prediction, std::size_t max_count, const options& o) {
+  using auto_q = cgx::quant::error_bounded<1024, cgx::quant::eb_prediction::automatic>;
+  using plain_q = cgx::quant::error_bounded<1024, cgx::quant::eb_prediction::none>;
+  using sra = cgx::comm::scatter_reduce_allgather;
+  using ring = cgx::comm::ring;
+  if (o.reducer != "sra" && o.reducer != "ring") usage_error("--eb needs --reducer sra or ring");
+  const bool r = o.reducer == "ring";
+  if (prediction == "none")
+    return r ? eb_with_transport<T, plain_q, ring>(max_count, o) : eb_with_transport<T, plain_q, sra>(max_count, o);
+  return r ? eb_with_transport<T, auto_q, ring>(max_count, o) : eb_with_transport<T, auto_q, sra>(max_count, o);
+}
+
+std::uint64_t eb_mix(std::uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Value idx of rank r's --eb field (see the file comment), rows of 4096 values.
+double eb_value(bool rough, int r, std::size_t idx) {
+  struct wave {
+    double fx, fy, a;
+  };
+  constexpr wave waves[4] = {{2, 3, 1.0}, {5, 1, 0.5}, {1, 7, 0.3}, {9, 4, 0.2}};
+  constexpr double two_pi = 6.283185307179586;
+  const double i = static_cast<double>(idx % 4096), j = static_cast<double>(idx / 4096);
+  double v = 0;
+  for (int k = 0; k < 4; ++k)
+    v += waves[k].a * std::sin(two_pi * (waves[k].fx * i / 4096.0 + waves[k].fy * j / 4096.0) + 0.7 * r + k);
+  const std::uint64_t h = (static_cast<std::uint64_t>(r) << 40) ^ idx;
+  auto unit = [](std::uint64_t z) { return static_cast<double>(eb_mix(z) >> 11) * 0x1p-53; };
+  v += 2e-3 * (2 * unit(h) - 1);
+  if (rough) v += 0.2 * (2 * unit(h ^ 0x5555555555ull) - 1);
+  return v;
+}
+
+// The --eb rows, on fields of n values in `input` (overwritten) timed through `work`.
+// Returns 3 if a row's error exceeded its bound, else 0.
+template <class T>
+int run_eb(const options& o, int rank, int p, std::vector<T>& input, std::vector<T>& work, MPI_Comm ring_comm,
+           FILE* js, bool& first_record) {
+  const MPI_Datatype mt = std::is_same_v<T, float> ? MPI_FLOAT : MPI_DOUBLE;
+  const std::size_t n = input.size();
+  int rc = 0;
+  std::vector<double> exact(n);
+  for (const std::string& field : o.eb_fields) {
+    const bool rough = field == "rough";
+    for (std::size_t i = 0; i < n; ++i) input[i] = static_cast<T>(eb_value(rough, rank, i));
+    for (std::size_t i = 0; i < n; ++i) exact[i] = static_cast<double>(input[i]);
+    MPI_Allreduce(MPI_IN_PLACE, exact.data(), static_cast<int>(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    const auto [lo, hi] = std::minmax_element(input.begin(), input.end());
+    double range = n == 0 ? 0.0 : static_cast<double>(*hi) - static_cast<double>(*lo);
+    MPI_Allreduce(MPI_IN_PLACE, &range, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    for (const std::string& prediction : o.eb_prediction) {
+      const eb_runner plan = make_eb_runner<T>(prediction, n, o);
+      if (rank == 0) {
+        std::printf("\n# error-bounded rows: field %s, %zu x 4096 values per rank (rows of 4096), range %.4f (max over "
+                    "ranks of one rank's max - min); prediction %s; E = bound x range; the plan hands calls under %zu "
+                    "bytes to MPI_Allreduce\n",
+                    field.c_str(), (n + 4095) / 4096, range, prediction.c_str(), plan.native_below);
+        std::printf("%7s %5s %8s %10s | %9s %9s %9s %7s %8s | %10s %10s %10s %10s %8s\n", "field", "pred", "bound",
+                    "E", "MiB/rank", "max_MiB", "raw_MiB", "ratio", "err/E", "time(us)", "def(us)", "ring(us)",
+                    "mpi(us)", "speedup");
+      }
+      for (double rel : o.eb_bounds) {
+        const double bound = rel * range;
+        std::vector<double> tc, tm, tr;
+        for (int it = 0; it < o.warmup + o.iters; ++it) {
+          const auto all = time_rotation(it, input.data(), work.data(), n, mt, ring_comm,
+                                         [&](T* data) { plan.run(data, n, bound); });
+          if (it >= o.warmup) {
+            tc.push_back(all[0]);
+            tm.push_back(all[1]);
+            tr.push_back(all[2]);
+          }
+        }
+        // One more call on fresh data: its error on every element and its bytes.
+        std::memcpy(work.data(), input.data(), n * sizeof(T));
+        plan.run(work.data(), n, bound);
+        const cgx::error_bounded_stats st = plan.stats();
+        double worst = 0;
+        for (std::size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(static_cast<double>(work[i]) - exact[i]));
+        double sums[2] = {static_cast<double>(st.bytes_sent), static_cast<double>(st.raw_bytes)};
+        double most[2] = {static_cast<double>(st.bytes_sent), worst};
+        MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, most, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        const double err_over = most[1] / bound;
+        if (!(err_over <= 1.0)) rc = 3;
+        if (rank != 0) continue;
+        const double tcg = median(tc), tdef = median(tm), tring = median(tr);
+        const bool ring_better = ring_comm != MPI_COMM_NULL && tring < tdef;
+        const double tb = ring_better ? tring : tdef;
+        const double mib = 1024.0 * 1024.0;
+        const double per_rank = sums[0] / p, raw_per_rank = sums[1] / p;
+        const double ratio = sums[0] > 0 ? sums[1] / sums[0] : 1.0;
+        char ring_us[32] = "-", ring_s[32] = "null";
+        if (ring_comm != MPI_COMM_NULL) {
+          std::snprintf(ring_us, sizeof ring_us, "%.1f", tring * 1e6);
+          std::snprintf(ring_s, sizeof ring_s, "%.6e", tring);
+        }
+        std::fprintf(stderr, "\r");
+        std::printf("%7s %5s %8.0e %10.3e | %9.2f %9.2f %9.2f %6.2fx %8.4f | %10.1f %10.1f %10s %10.1f %7.2fx%s\n",
+                    field.c_str(), prediction.c_str(), rel, bound, per_rank / mib, most[0] / mib, raw_per_rank / mib,
+                    ratio, err_over, tcg * 1e6, tdef * 1e6, ring_us, tb * 1e6, tb / tcg,
+                    st.native ? "  (native)" : "");
+        std::fflush(stdout);
+        if (js) {
+          std::fprintf(js,
+                       "%s  {\"kind\": \"error_bounded\", \"field\": \"%s\", \"prediction\": \"%s\", "
+                       "\"bound_rel\": %.3e, \"bound\": %.6e, \"range\": %.6e, \"bytes\": %zu, \"count\": %zu, "
+                       "\"dtype\": \"%s\", \"ranks\": %d, \"reducer\": \"%s\", \"transport\": \"%s\", \"bucket\": 1024, "
+                       "\"link\": \"%s\", \"iters\": %d, \"isa\": \"%s\", \"threads\": %d, \"native\": %s, "
+                       "\"sent_bytes_per_rank\": %.1f, \"sent_bytes_max_rank\": %.0f, \"raw_bytes_per_rank\": %.1f, "
+                       "\"ratio\": %.4f, \"max_err_over_bound\": %.6f, \"time_s\": %.6e, \"mpi_time_s\": %.6e, "
+                       "\"mpi_default_time_s\": %.6e, \"mpi_ring_time_s\": %s, \"baseline\": \"%s\", \"speedup\": %.5f}",
+                       first_record ? "" : ",\n", field.c_str(), prediction.c_str(), rel, bound, range, n * sizeof(T), n,
+                       o.dtype.c_str(), p, o.reducer.c_str(), o.transport.c_str(), o.link.c_str(), o.iters,
+                       cgx::quant::to_string(cgx::quant::active_host_isa()), o.threads, st.native ? "true" : "false",
+                       per_rank, most[0], raw_per_rank, ratio, err_over, tcg, tb, tdef, ring_s,
+                       ring_better ? "ring" : "default", tb / tcg);
+          first_record = false;
+        }
+      }
+    }
+  }
+  if (rc != 0 && rank == 0) std::fprintf(stderr, "allreduce_bench: an error-bounded row exceeded its bound\n");
+  return rc;
+}
+
 template <class T>
 int run(const options& o, int rank, int p) {
   const MPI_Datatype mt = std::is_same_v<T, float> ? MPI_FLOAT : MPI_DOUBLE;
@@ -324,7 +551,8 @@ int run(const options& o, int rank, int p) {
   const MPI_Comm ring_comm = ring_baseline_comm();
   fill(input, rank);
   std::vector<runner> plans;
-  for (int b : o.bits) plans.push_back(make_runner<T>(b, max_count, o));
+  if (!o.eb_only)
+    for (int b : o.bits) plans.push_back(make_runner<T>(b, max_count, o));
 
   FILE* js = nullptr;
   if (rank == 0 && !o.json.empty()) {
@@ -350,13 +578,16 @@ int run(const options& o, int rank, int p) {
     std::printf("# cgx hands calls under %zu bytes to MPI_Allreduce (native_below_bytes%s)\n",
                 plans.empty() ? o.native_below : plans[0].native_below,
                 o.native_below == cgx::auto_threshold ? ", picked by the plan" : "");
-    std::printf("%12s %11s %6s %7s %4s %6s | %10s %8s %8s | %10s %10s %10s %8s | %7s %10s %10s\n", "size(B)", "count",
-                "type", "reducer", "bits", "bucket", "time(us)", "algbw", "busbw", "def(us)", "ring(us)", "mpi(us)",
-                "speedup", "ratio", "max_abs", "rel_l2");
+    if (!o.eb_only)
+      std::printf("%12s %11s %6s %7s %4s %6s | %10s %8s %8s | %10s %10s %10s %8s | %7s %10s %10s\n", "size(B)",
+                  "count", "type", "reducer", "bits", "bucket", "time(us)", "algbw", "busbw", "def(us)", "ring(us)",
+                  "mpi(us)", "speedup", "ratio", "max_abs", "rel_l2");
   }
   std::vector<std::size_t> counts;
-  for (double sz = static_cast<double>(o.min_bytes); sz <= static_cast<double>(o.max_bytes) * 1.0000001; sz *= o.factor)
-    if (const std::size_t n = static_cast<std::size_t>(sz) / sizeof(T); n != 0) counts.push_back(n);
+  if (!o.eb_only) {
+    for (double sz = static_cast<double>(o.min_bytes); sz <= static_cast<double>(o.max_bytes) * 1.0000001; sz *= o.factor)
+      if (const std::size_t n = static_cast<std::size_t>(sz) / sizeof(T); n != 0) counts.push_back(n);
+  }
   // Each row's times (cgx, MPI default, MPI ring), gathered over the passes.
   struct samples {
     std::vector<double> tc, tm, tr;
@@ -379,25 +610,8 @@ int run(const options& o, int rank, int p) {
         }
         auto& [tc, tm, tr] = rows[row * plans.size() + k];
         for (int it = 0; it < o.warmup + o.iters; ++it) {
-          // Each of the three is timed between barriers on freshly restored data; their
-          // order rotates with the iteration, so that none always goes first (right after
-          // the barrier that follows the restore) or last.
-          double t = 0, tb = 0, tring = 0;
-          for (int slot = 0; slot < 3; ++slot) {
-            const int which = (slot + it) % 3;
-            if (which == 2 && ring_comm == MPI_COMM_NULL) continue;
-            // One buffer for all three, so that none is favoured by where its pages lie or
-            // by what is left of them in the caches; the check below re-runs cgx.
-            T* data = work.data();
-            std::memcpy(data, input.data(), n * sizeof(T));
-            MPI_Barrier(MPI_COMM_WORLD);
-            const double t0 = MPI_Wtime();
-            if (which == 0) plans[k].run(data, n);
-            else MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), mt, MPI_SUM, which == 1 ? MPI_COMM_WORLD : ring_comm);
-            (which == 0 ? t : which == 1 ? tb : tring) = MPI_Wtime() - t0;
-          }
-          double all[3] = {t, tb, tring};
-          MPI_Allreduce(MPI_IN_PLACE, all, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+          const auto all = time_rotation(it, input.data(), work.data(), n, mt, ring_comm,
+                                         [&](T* data) { plans[k].run(data, n); });
           if (it >= o.warmup) {
             tc.push_back(all[0]);
             tm.push_back(all[1]);
@@ -455,12 +669,14 @@ int run(const options& o, int rank, int p) {
       }
     }
   }
+  int rc = 0;
+  if (!o.eb_fields.empty()) rc = run_eb<T>(o, rank, p, input, work, ring_comm, js, first_record);
   if (js) {
     std::fprintf(js, "\n]\n");
     std::fclose(js);
   }
   if (rank == 0) std::fprintf(stderr, "\r[bench] done.                              \n");
-  return 0;
+  return rc;
 }
 
 }  // namespace

@@ -139,14 +139,15 @@ TEST_CASE("the default threshold is picked at construction: 16 MiB on one node, 
   allreduce_plan<float, Q4, SRA, cgx::comm::shm> on_shm{cgx::comm::shm{MPI_COMM_WORLD}, 100};
   CHECK(on_shm.transport().single_node());
   CHECK(on_shm.native_below_bytes() == cgx::default_native_below_bytes_one_node);
-  EB eb{mpi{MPI_COMM_WORLD}, 100};
-  CHECK(eb.native_below_bytes() == cgx::default_native_below_bytes_one_node);
+  EB eb{mpi{MPI_COMM_WORLD}, 100};  // the error-bounded plan: every call native on one node
+  CHECK(eb.native_below_bytes() == cgx::error_bounded_native_below_bytes_one_node);
   // Two ranks per emulated node: several nodes from 3 ranks on.
   const std::size_t want = p <= 2 ? cgx::default_native_below_bytes_one_node : cgx::default_native_below_bytes;
   allreduce_plan<float, Q4, SRA, mpi> grouped{mpi{MPI_COMM_WORLD, mpi::nodes{r / 2}}, 100};
   CHECK(grouped.native_below_bytes() == want);
   EB eb_grouped{mpi{MPI_COMM_WORLD, mpi::nodes{r / 2}}, 100};
-  CHECK(eb_grouped.native_below_bytes() == want);
+  CHECK(eb_grouped.native_below_bytes() ==
+        (p <= 2 ? cgx::error_bounded_native_below_bytes_one_node : cgx::default_native_below_bytes));
 }
 
 TEST_CASE("an explicit threshold, and 0, are used as given") {

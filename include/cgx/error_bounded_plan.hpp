@@ -18,11 +18,20 @@
 ///
 /// Supported reducers: comm::scatter_reduce_allgather and comm::ring. comm::tree and
 /// comm::hierarchical are rejected at compile time. Transports: comm::mpi, comm::shm.
+///
+/// On one node the plan hands every call to MPI_Allreduce by default (the threshold of
+/// plan_options::native_below_bytes = auto_threshold is then
+/// error_bounded_native_below_bytes_one_node): over shared memory the codec's compute
+/// costs more than the bytes it saves at any size. Across nodes it compresses from
+/// default_native_below_bytes (64 KiB), as the other plans do. An explicit threshold (0:
+/// always compress) is used as given.
 
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -32,6 +41,14 @@
 #include "plan_common.hpp"
 
 namespace cgx {
+
+/// The native-allreduce threshold an error_bounded_plan picks (for auto_threshold) when
+/// all its ranks share one node: larger than any message, so every call goes to the
+/// transport's exact native allreduce (MPI_Allreduce). Over shared memory, 4 ranks,
+/// 4096 x 4096 floats, the error-bounded allreduce ran at 0.31-0.50x MPI_Allreduce's
+/// speed (issue 20), and the codec is compute-bound below shared memory's bandwidth at
+/// every size (docs/results/README.md, "Error-bounded allreduce on smooth and rough fields").
+inline constexpr std::size_t error_bounded_native_below_bytes_one_node = std::numeric_limits<std::size_t>::max() - 1;
 
 /// What one call of an error_bounded_plan sent, on this rank.
 struct error_bounded_stats {
@@ -50,7 +67,7 @@ struct error_bounded_stats {
 /// (see the file comment).
 ///
 /// \tparam T  float or double
-/// \tparam Q  a variable-size error-bounded quantizer: quant::error_bounded<Bucket>
+/// \tparam Q  a variable-size error-bounded quantizer: quant::error_bounded<Bucket, Prediction>
 /// \tparam R  comm::scatter_reduce_allgather or comm::ring
 /// \tparam X  transport: comm::mpi or comm::shm
 ///
@@ -73,10 +90,10 @@ class error_bounded_plan : public detail::plan_base<X> {
   using base = detail::plan_base<X>;
 
  public:
-  using value_type = T;
-  using quantizer_type = Q;
-  using reducer_type = R;
-  using transport_type = X;
+  using value_type = T;          ///< the element type of the buffers
+  using quantizer_type = Q;      ///< the quantizer (codec) on the wire
+  using reducer_type = R;        ///< the reducer (schedule)
+  using transport_type = X;      ///< the transport
 
   /// Quantization errors that reach an element of the result on p ranks.
   static constexpr int error_terms(int p) { return traits::error_terms(p); }
@@ -93,7 +110,7 @@ class error_bounded_plan : public detail::plan_base<X> {
   /// the native-allreduce threshold (see native_below_bytes()).
   error_bounded_plan(X transport, std::size_t max_count, plan_options opts = {})
       : base(std::move(transport), max_count, opts, "error_bounded_plan"),
-        native_below_(detail::resolve_native_below(this->x_, opts.native_below_bytes)),
+        native_below_(resolve_native_below(this->x_, opts.native_below_bytes)),
         sched_(this->x_) {
     this->own_workspace(workspace_bytes(max_count, this->x_.size()));
   }
@@ -102,7 +119,7 @@ class error_bounded_plan : public detail::plan_base<X> {
   /// transport.size()) bytes, outliving the plan); throws cgx::error(errc::workspace) if smaller.
   error_bounded_plan(X transport, std::size_t max_count, std::span<std::byte> workspace, plan_options opts = {})
       : base(std::move(transport), max_count, opts, "error_bounded_plan"),
-        native_below_(detail::resolve_native_below(this->x_, opts.native_below_bytes)),
+        native_below_(resolve_native_below(this->x_, opts.native_below_bytes)),
         sched_(this->x_) {
     this->use_workspace(workspace, workspace_bytes(max_count, this->x_.size()));
   }
@@ -144,11 +161,22 @@ class error_bounded_plan : public detail::plan_base<X> {
   /// What the last call sent, on this rank.
   [[nodiscard]] const error_bounded_stats& last_stats() const noexcept { return stats_; }
 
-  /// The native-allreduce threshold in use (as allreduce_plan::native_below_bytes()):
-  /// plan_options::native_below_bytes, or the plan's pick for auto_threshold.
+  /// The native-allreduce threshold in use: plan_options::native_below_bytes, or the
+  /// plan's pick for auto_threshold (error_bounded_native_below_bytes_one_node when the
+  /// transport's single_node() is true, default_native_below_bytes otherwise).
   [[nodiscard]] std::size_t native_below_bytes() const noexcept { return native_below_; }
 
  private:
+  /// The threshold a plan over transport `x` uses when asked for `requested` bytes: as
+  /// detail::resolve_native_below (the same question to the transport, collective where
+  /// X has single_node()), but error_bounded_native_below_bytes_one_node on one node.
+  static std::size_t resolve_native_below(X& x, std::size_t requested) {
+    bool one_node = false;
+    if constexpr (requires { { x.single_node() } -> std::convertible_to<bool>; }) one_node = x.single_node();
+    if (requested != auto_threshold) return requested;
+    return one_node ? error_bounded_native_below_bytes_one_node : default_native_below_bytes;
+  }
+
   std::size_t native_below_;
   schedule_type sched_;
   error_bounded_stats stats_;
