@@ -63,7 +63,10 @@ def main():
     for f in sorted(os.listdir(d)):
         if not f.endswith(".json"):
             continue
-        recs = [r for r in load(d, f) if "speedup" in r and r["bits"] not in (32, 64)]
+        # allreduce_bench's sweep records only (the DDP and error-bounded files differ)
+        data = load(d, f)
+        recs = [r for r in (data if isinstance(data, list) else []) if isinstance(r, dict)
+                and {"speedup", "bits", "bytes"} <= r.keys() and r["bits"] not in (32, 64)]
         if not recs:
             continue
         sizes = sorted({r["bytes"] for r in recs})

@@ -1,0 +1,28 @@
+"""cgx_torch: cgx's compressed allreduce for PyTorch.
+
+- ``ddp_model.register_comm_hook(cgx_torch.CGXState(bits=4), cgx_torch.cgx_hook)``: a
+  DDP communication hook reducing each bucket with cgx's layer-wise plan (one layer per
+  parameter, small and one-dimensional ones uncompressed; adaptive bits and error
+  feedback optional).
+- ``cgx_torch.allreduce_(tensor, bits=4)``: an in-place compressed sum over an mpi4py
+  communicator, for code that is not DDP.
+
+The ranks share an MPI communicator (mpi4py's MPI.COMM_WORLD or one you pass); launch
+with mpirun. CPU tensors (float32, float64) go through the host plans; CUDA tensors
+through the device plans where this build has them (``device_plans_compiled()``).
+See docs/pytorch.md.
+"""
+import torch  # noqa: F401  (loads libtorch before the extension)
+
+from ._C import PlanConfig, Plan, build_info, device_plans_compiled
+from ._core import (SUPPORTED_DTYPES, AdaptiveOptions, CGXError, MismatchError, Settings, allreduce_, free_plans,
+                    make_settings)
+from .ddp import CGXState, bucket_layers, cgx_hook, init_process_group_from_mpi
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdaptiveOptions", "CGXError", "CGXState", "MismatchError", "Plan", "PlanConfig", "SUPPORTED_DTYPES",
+    "Settings", "allreduce_", "bucket_layers", "build_info", "cgx_hook", "device_plans_compiled", "free_plans",
+    "init_process_group_from_mpi", "make_settings",
+]

@@ -1,0 +1,234 @@
+"""Plans, checks and the plain ``allreduce_``: the parts of cgx_torch that are not DDP."""
+import atexit
+import hashlib
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import _C
+
+CGXError = _C.CGXError
+
+#: dtypes the plans reduce (host and device).
+SUPPORTED_DTYPES = (torch.float32, torch.float64)
+_BUCKETS = (128, 512, 1024)
+_ROUNDINGS = ("stochastic", "nearest")
+_CHECKS = ("build", "call")
+
+
+class MismatchError(CGXError):
+    """Ranks asked for different settings or buffer layouts. Raised on every rank, before
+    any data moves."""
+
+
+@dataclass(frozen=True)
+class AdaptiveOptions:
+    """CGX's adaptive bit widths (cgx::adaptive_bits): after every reduction the layers'
+    sensitivities are updated from the reduced gradient (the same bits on every rank), and
+    every ``interval`` reductions of a buffer its layers get new bits between ``min_bits``
+    and ``max_bits`` so that the average is at most ``target_bits``. Only layers that are
+    compressed by the defaults are adapted."""
+
+    min_bits: int = 2
+    max_bits: int = 8
+    target_bits: float = 4.0
+    interval: int = 16
+    clusters: int = 3
+    decay: float = 0.9
+    top_fraction: float = 0.01
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a plan is built from; must be the same on every rank (checked)."""
+
+    bits: int = 4
+    bucket: int = 1024
+    rounding: str = "stochastic"
+    min_compressed: int = 1024
+    error_feedback: bool = False
+    adaptive: Optional[AdaptiveOptions] = None
+    check: str = "build"
+    seed: int = 0x63677821
+    threads: int = 1
+
+    def __post_init__(self):
+        """Checks the settings; ValueError/TypeError for values the plans do not take."""
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not 0 <= self.bits <= 8:
+            raise ValueError(f"cgx_torch: bits must be an int in 1..8, or 0 for uncompressed (got {self.bits!r})")
+        if self.bucket not in _BUCKETS:
+            raise ValueError(f"cgx_torch: bucket must be one of {_BUCKETS} (got {self.bucket!r})")
+        if self.rounding not in _ROUNDINGS:
+            raise ValueError(f"cgx_torch: rounding must be one of {_ROUNDINGS} (got {self.rounding!r})")
+        if not isinstance(self.min_compressed, int) or self.min_compressed < 0:
+            raise ValueError(f"cgx_torch: min_compressed must be an int >= 0 (got {self.min_compressed!r})")
+        if self.check not in _CHECKS:
+            raise ValueError(f"cgx_torch: check must be one of {_CHECKS} (got {self.check!r})")
+        if not isinstance(self.threads, int) or self.threads < 1:
+            raise ValueError(f"cgx_torch: threads must be an int >= 1 (got {self.threads!r})")
+        if not 0 <= int(self.seed) < 2**64:
+            raise ValueError("cgx_torch: seed must be in [0, 2**64)")
+        a = self.adaptive
+        if a is not None:
+            if not isinstance(a, AdaptiveOptions):
+                raise TypeError("cgx_torch: adaptive must be None, True or a cgx_torch.AdaptiveOptions")
+            if not 1 <= a.min_bits <= a.max_bits <= 8:
+                raise ValueError("cgx_torch: adaptive needs 1 <= min_bits <= max_bits <= 8")
+            if not isinstance(a.interval, int) or a.interval < 1:
+                raise ValueError("cgx_torch: adaptive interval must be an int >= 1")
+
+    def config(self) -> "_C.PlanConfig":
+        """The extension's PlanConfig for these settings."""
+        c = _C.PlanConfig()
+        c.bits = self.bits
+        c.bucket = self.bucket
+        c.min_compressed = self.min_compressed
+        c.stochastic = self.rounding == "stochastic"
+        c.error_feedback = self.error_feedback
+        c.check_each_call = False  # the Python side checks (see _agree)
+        c.seed = int(self.seed)
+        c.threads = self.threads
+        a = self.adaptive
+        if a is not None:
+            c.adaptive_interval = a.interval
+            c.min_bits, c.max_bits, c.target_bits = a.min_bits, a.max_bits, float(a.target_bits)
+            c.clusters, c.decay, c.top_fraction = a.clusters, float(a.decay), float(a.top_fraction)
+        return c
+
+
+def make_settings(bits=4, bucket=1024, rounding="stochastic", min_compressed=1024, error_feedback=False,
+                  adaptive=None, check="build", seed=0x63677821, threads=1) -> Settings:
+    """Settings from keyword arguments; ``adaptive=True`` means ``AdaptiveOptions()``."""
+    if adaptive is True:
+        adaptive = AdaptiveOptions()
+    elif adaptive is False:
+        adaptive = None
+    elif isinstance(adaptive, dict):
+        adaptive = AdaptiveOptions(**adaptive)
+    return Settings(bits, bucket, rounding, min_compressed, error_feedback, adaptive, check, seed, threads)
+
+
+def comm_handle(comm):
+    """(comm, Fortran handle) for an mpi4py communicator; None means MPI.COMM_WORLD."""
+    if comm is None:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    try:
+        return comm, int(comm.py2f())
+    except AttributeError:
+        raise TypeError(f"cgx_torch: comm must be an mpi4py communicator (got {type(comm).__name__})") from None
+
+
+def tensor_problem(t, device_plans=None):
+    """The exception a tensor would raise (TypeError/ValueError/CGXError), or None."""
+    if not isinstance(t, torch.Tensor):
+        return TypeError(f"cgx_torch: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in SUPPORTED_DTYPES:
+        return TypeError(
+            f"cgx_torch: dtype {t.dtype} is not supported: the plans reduce torch.float32 and torch.float64 "
+            "(float16/bfloat16 gradients: keep an fp32 copy, or cast with .float() before and back after)")
+    if t.layout != torch.strided:
+        return ValueError(f"cgx_torch: {t.layout} tensors are not supported (dense tensors only)")
+    if t.device.type not in ("cpu", "cuda"):
+        return ValueError(f"cgx_torch: tensors on {t.device} are not supported (cpu or cuda)")
+    if t.device.type == "cuda" and not (_C.device_plans_compiled() if device_plans is None else device_plans):
+        return CGXError("cgx_torch: this build has no device plans (it was built against a CPU-only torch or "
+                        "without the CUDA toolkit): CUDA tensors cannot be reduced; " + _C.build_info())
+    if not t.is_contiguous():
+        return ValueError(f"cgx_torch: the tensor is not contiguous (shape {tuple(t.shape)}, strides "
+                          f"{t.stride()}); reduce t.contiguous() and copy the result back")
+    return None
+
+
+def stable_hash(obj) -> int:
+    """A 62-bit hash of repr(obj), the same in every process (unlike hash())."""
+    d = hashlib.blake2b(repr(obj).encode(), digest_size=8).digest()
+    return int.from_bytes(d, "little") & ((1 << 62) - 1)
+
+
+def agree(comm_f, key, problem):
+    """Collective: every rank passes its key (settings + layout) and its own problem (an
+    exception or None). Raises, on every rank, this rank's problem, or ValueError when
+    another rank had one, or MismatchError when the keys differ."""
+    same, bad = _C.collective_check(comm_f, stable_hash(key), problem is not None)
+    if problem is not None:
+        raise problem
+    if bad:
+        raise ValueError("cgx_torch: another rank passed an invalid tensor (see its error); nothing was reduced")
+    if not same:
+        raise MismatchError("cgx_torch: ranks passed different settings or buffer layouts (bits, bucket, "
+                            "rounding, adaptive, error feedback, dtype, shape or layers); nothing was reduced. "
+                            f"This rank: {key!r}")
+
+
+def new_plan(comm_f, t, layers, settings: Settings):
+    """A plan for tensor t's buffer (collective; call agree() first)."""
+    dev = t.device
+    return _C.Plan(comm_f, str(t.dtype).replace("torch.", ""), dev.type,
+                   dev.index if dev.index is not None else (torch.cuda.current_device() if dev.type == "cuda" else -1),
+                   t.numel(), layers, settings.config())
+
+
+def device_key(t):
+    """(device type, CUDA index or None): the part of a plan's key that names where the tensor lives."""
+    return (t.device.type, t.device.index if t.device.type == "cuda" else None)
+
+
+_plans = {}
+
+
+def allreduce_(tensor, bits=4, *, bucket=1024, rounding="stochastic", min_compressed=1024, error_feedback=False,
+               adaptive=None, average=False, comm=None, check="build", seed=0x63677821, threads=1):
+    """Sums ``tensor`` over the ranks of ``comm`` (mpi4py, default MPI.COMM_WORLD) in place,
+    compressed with cgx's layer-wise plan, and returns it. Collective: every rank calls it
+    with the same shape, dtype and settings.
+
+    The tensor is one layer: ``bits`` (1..8, 0 = uncompressed) with max-min buckets of
+    ``bucket`` values (128, 512, 1024) and ``rounding`` ("stochastic", unbiased, or
+    "nearest"); a tensor of fewer than ``min_compressed`` values goes uncompressed.
+    ``error_feedback`` keeps this rank's quantization residual for the next call with
+    the same shape and settings (host only); ``adaptive`` (True or AdaptiveOptions)
+    re-picks the bits from the reduced values; ``average`` divides the sum by the number
+    of ranks.
+
+    One plan per (communicator, shape, dtype, device, settings) is built on first use
+    and cached (``free_plans()`` releases them). The first call with a new key checks, in
+    one small collective exchange, that every rank asked for the same (MismatchError on
+    every rank otherwise); ``check="call"`` repeats that check on every call.
+
+    Raises TypeError for a dtype other than float32/float64, ValueError for a
+    non-contiguous tensor, CGXError (a RuntimeError) for CUDA tensors in a build without
+    device plans and for failures inside cgx.
+    """
+    s = make_settings(bits, bucket, rounding, min_compressed, error_feedback, adaptive, check, seed, threads)
+    problem = tensor_problem(tensor)
+    if problem is None and error_feedback and tensor.device.type == "cuda":
+        problem = ValueError("cgx_torch: error feedback is implemented for CPU tensors only")
+    comm, comm_f = comm_handle(comm)
+    key = (comm_f, tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else None,
+           str(getattr(tensor, "dtype", None)), device_key(tensor) if isinstance(tensor, torch.Tensor) else None,
+           s)
+    plan = _plans.get(key)
+    if plan is None or s.check == "call":
+        agree(comm_f, key[1:] + ((plan.settings() if plan is not None else None),), problem)
+    elif problem is not None:
+        raise problem
+    if plan is None:
+        n = tensor.numel()
+        plan = new_plan(comm_f, tensor, [(0, n, False)], s)
+        _plans[key] = plan
+    plan.run(tensor)
+    if average:
+        tensor.div_(plan.world)
+    return tensor
+
+
+def free_plans():
+    """Releases the cached plans of allreduce_ (their MPI communicators and workspace).
+    Called at exit, before mpi4py finalizes MPI."""
+    _plans.clear()
+
+
+atexit.register(free_plans)

@@ -1,0 +1,240 @@
+"""The DDP communication hook: ``ddp_model.register_comm_hook(CGXState(...), cgx_hook)``."""
+import atexit
+import queue
+import threading
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from . import _core
+
+_states = weakref.WeakSet()
+
+
+def _bucket_buffer(bucket):
+    """The bucket's flat gradient buffer (torch >= 1.10: buffer(); before: get_tensor())."""
+    return bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()  # torch >= 1.10 / older
+
+
+def _bucket_index(bucket):
+    """The bucket's index (index(), or get_index() in older torch)."""
+    return bucket.index() if hasattr(bucket, "index") else bucket.get_index()
+
+
+def _bucket_gradients(bucket):
+    """The bucket's per-parameter gradient views (gradients(), or get_per_parameter_tensors())."""
+    if hasattr(bucket, "gradients"):
+        return bucket.gradients()
+    return bucket.get_per_parameter_tensors()  # torch < 1.10
+
+
+def bucket_layers(buf, grads):
+    """One layer (offset, count, one_dimensional) per parameter of a DDP bucket: the
+    gradients are views of the flat buffer (found by address), else laid end to end."""
+    es, base, n = buf.element_size(), buf.data_ptr(), buf.numel()
+    layers = []
+    for g in grads:
+        off, rem = divmod(g.data_ptr() - base, es)
+        layers.append((off, g.numel(), g.dim() <= 1))
+        if rem or off < 0 or off + g.numel() > n:
+            layers = None
+            break
+    if layers is not None:
+        spans = sorted((o, o + c) for o, c, _ in layers if c)
+        if any(a[1] > b[0] for a, b in zip(spans, spans[1:])):
+            layers = None
+    if layers is None:
+        layers, off = [], 0
+        for g in grads:
+            layers.append((off, g.numel(), g.dim() <= 1))
+            off += g.numel()
+    return layers
+
+
+class _Worker:
+    """One background thread that runs a state's reductions in the order they were
+    submitted (DDP submits its buckets in the same order on every rank)."""
+
+    def __init__(self):
+        """Starts the thread."""
+        self.q = queue.SimpleQueue()
+        self.t = threading.Thread(target=self._loop, name="cgx_torch-hook", daemon=True)
+        self.t.start()
+
+    def _loop(self):
+        """Runs the submitted reductions in order until stop()."""
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            fn, fut = item
+            try:
+                r = fn()
+            except BaseException as e:  # noqa: B902 (handed to the waiting backward pass)
+                fut.set_exception(e)
+            else:
+                fut.set_result(r)
+
+    def submit(self, fn, fut):
+        """Queues fn; its result (or exception) completes fut."""
+        self.q.put((fn, fut))
+
+    def stop(self):
+        """Finishes the queued reductions and ends the thread."""
+        self.q.put(None)
+        self.t.join()
+
+
+def _mpi_thread_multiple():
+    """Whether MPI was initialized with MPI_THREAD_MULTIPLE (needed by the background thread)."""
+    from mpi4py import MPI
+
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+class CGXState:
+    """State of the cgx DDP communication hook: the settings (the same on every rank) and
+    one cached plan per DDP bucket.
+
+    Each bucket's fused gradient buffer is reduced by cgx's layer-wise host plan (CPU
+    tensors) or device plan (CUDA tensors, where compiled), one layer per parameter: by
+    CGX's defaults parameters with fewer than ``min_compressed`` values and
+    one-dimensional ones (biases, norms) go uncompressed, the others with ``bits`` (1..8)
+    and max-min buckets of ``bucket`` values (128, 512, 1024), ``rounding`` "stochastic"
+    (unbiased; CGX's) or "nearest". ``error_feedback`` keeps each rank's quantization
+    residual (CPU only). ``adaptive`` (True or AdaptiveOptions) re-assigns bits per layer
+    from the reduced gradients every ``interval`` steps. ``comm`` is an mpi4py
+    intra-communicator holding the same processes as DDP's process group, in the same
+    order (default MPI.COMM_WORLD). The hook returns the average (sum / ranks).
+
+    A bucket's plan is built the first time its layout is seen (DDP rebuilds its
+    buckets after the first step); before, one small collective exchange checks that
+    every rank has the same settings and layout: MismatchError on every rank otherwise.
+    ``check="call"`` repeats that check on every call.
+
+    ``overlap`` (default: when MPI was initialized with MPI_THREAD_MULTIPLE, as mpi4py
+    does by default) runs the reductions on a background thread, one bucket after the
+    other, while the backward pass goes on, as DDP's own allreduce does; the hook then
+    returns a Future that the thread completes. ``overlap=False`` reduces inside the hook.
+    """
+
+    def __init__(self, comm=None, bits=4, *, bucket=1024, rounding="stochastic", min_compressed=1024,
+                 error_feedback=False, adaptive=None, check="build", seed=0x63677821, threads=1, overlap=None):
+        """See the class; raises ValueError/TypeError for bad settings or communicator."""
+        self.settings = _core.make_settings(bits, bucket, rounding, min_compressed, error_feedback, adaptive, check,
+                                            seed, threads)
+        self.comm, self.comm_f = _core.comm_handle(comm)
+        multiple = _mpi_thread_multiple()
+        if overlap and not multiple:
+            raise ValueError("cgx_torch: overlap=True needs MPI initialized with MPI_THREAD_MULTIPLE "
+                             "(mpi4py's default; see mpi4py.rc.thread_level)")
+        self.overlap = multiple if overlap is None else bool(overlap)
+        self.plans = {}  # bucket index -> (layout key, plan)
+        self.calls = 0
+        self._worker = None
+        _states.add(self)
+
+    def plan_for(self, index, buf, layers):
+        """The plan of bucket `index` for this buffer and layout (collective when built)."""
+        key = (str(buf.dtype), _core.device_key(buf), buf.numel(), tuple(layers), self.settings)
+        cached = self.plans.get(index)
+        problem = _core.tensor_problem(buf)
+        if problem is None and self.settings.error_feedback and buf.device.type == "cuda":
+            problem = ValueError("cgx_torch: error feedback is implemented for CPU tensors only")
+        if cached is not None and cached[0] == key:
+            if self.settings.check == "call":
+                _core.agree(self.comm_f, (index,) + key + (tuple(cached[1].settings()),), problem)
+            elif problem is not None:
+                raise problem
+            return cached[1]
+        # A new layout: DDP rebuilt its buckets (after the first step). Bucket 0 is
+        # reduced first in every step, so a new bucket 0 means the old plans are stale.
+        if index == 0:
+            self.plans.clear()
+        self.plans.pop(index, None)
+        _core.agree(self.comm_f, (index,) + key + ((None,) if self.settings.check == "call" else ()), problem)
+        plan = _core.new_plan(self.comm_f, buf, layers, self.settings)
+        self.plans[index] = (key, plan)
+        return plan
+
+    def average_bits(self):
+        """Average bits per value over all buckets' current settings (metadata excluded)."""
+        tot = sum(p.size for _, p in self.plans.values())
+        return sum(p.average_bits * p.size for _, p in self.plans.values()) / tot if tot else 0.0
+
+    def bytes_sent(self):
+        """Bytes this rank sends per step over all buckets, with the current settings."""
+        return sum(p.bytes_sent for _, p in self.plans.values())
+
+    def layer_bits(self):
+        """{bucket index: [bits of each layer]} (0: uncompressed)."""
+        return {i: [b for b, _ in p.settings()] for i, (_, p) in sorted(self.plans.items())}
+
+    def reduce(self, index, buf, layers):
+        """Averages `buf` (bucket `index`, laid out as `layers`) over the ranks, in place."""
+        plan = self.plan_for(index, buf, layers)
+        plan.run(buf)
+        buf.div_(plan.world)
+        self.calls += 1
+        return buf
+
+    def submit(self, fn, fut):
+        """Runs fn() on this state's background thread, completing fut with its result."""
+        if self._worker is None:
+            self._worker = _Worker()
+        self._worker.submit(fn, fut)
+
+    def free(self):
+        """Stops the background thread and releases the plans (MPI communicators,
+        workspace, error-feedback residuals). Call it (or let the state go) before MPI
+        is finalized; cgx_torch does it at exit."""
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
+        self.plans.clear()
+
+
+def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: reduces the bucket's gradients with cgx (see CGXState) and
+    returns a Future holding the average over the ranks. Register with
+    ``ddp_model.register_comm_hook(CGXState(...), cgx_hook)``. The buckets are reduced in
+    the order DDP launches them (the same on every rank): on the state's background
+    thread (``overlap``), or inside the hook. Errors (bad tensors, settings that differ
+    between ranks, failures in cgx) are raised by the backward pass.
+    """
+    buf = _bucket_buffer(bucket)
+    layers = bucket_layers(buf, _bucket_gradients(bucket))
+    index = _bucket_index(bucket)
+    fut = torch.futures.Future(devices=[buf.device]) if buf.device.type == "cuda" else torch.futures.Future()
+    if state.overlap and buf.device.type == "cpu":
+        state.submit(lambda: state.reduce(index, buf, layers), fut)
+    else:
+        fut.set_result(state.reduce(index, buf, layers))
+    return fut
+
+
+@atexit.register
+def _free_all():
+    """At exit: stops the hook threads and frees every state's plans before mpi4py finalizes MPI."""
+    for s in list(_states):
+        s.free()
+
+
+def init_process_group_from_mpi(comm, backend="gloo"):
+    """Initializes torch.distributed's default process group over the ranks of the mpi4py
+    communicator ``comm`` (rank and size from it): rank 0 picks a free TCP port on
+    127.0.0.1 and broadcasts it (env:// rendezvous; MASTER_ADDR and GLOO_SOCKET_IFNAME
+    default to the loopback: set them for a job across hosts). Collective over ``comm``."""
+    import os
+    import socket
+    port = None
+    if comm.rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group(backend, rank=comm.rank, world_size=comm.size)

@@ -1,0 +1,103 @@
+// The CUDA half of the extension, compiled by nvcc only where torch has CUDA and the
+// toolkit is found (setup.py builds a CUDAExtension then): cgx::layerwise_device_plan on
+// the caller's stream (the current torch stream, handed over by bindings.cpp). No torch
+// header here (see plans.hpp).
+#include "plans.hpp"
+
+#include <cgx/cgx.cuh>
+
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace cgx_torch {
+
+namespace {
+
+cgx::layerwise_options to_device_options(const plan_config& c) {
+  cgx::layerwise_options o;
+  o.defaults = cgx::layerwise_defaults{c.bits, c.bucket, c.min_compressed};
+  o.error_feedback = false;  // host only (checked by the caller and by cgx)
+  o.check = c.check_each_call ? cgx::checking::collective : cgx::checking::local;
+  o.seed = c.seed;
+  o.threads = 1;
+  return o;
+}
+
+/// cgx::layerwise_device_plan<T, comm::mpi, Rounding> (compressed bytes staged through
+/// pinned host memory; blocking for the host, as the plan is) with optional adaptive
+/// bits, whose statistics need the reduced buffer on the host: one copy per call.
+template <class T, class Rounding>
+class device_plan final : public plan {
+ public:
+  device_plan(MPI_Comm comm, std::size_t n, std::vector<cgx::layer> layers, const plan_config& c)
+      : plan_(cgx::comm::mpi{comm}, n, layers, to_device_options(c)), interval_(c.adaptive_interval) {
+    if (interval_ > 0) {
+      cgx::adaptive_options a;
+      a.min_bits = c.min_bits;
+      a.max_bits = c.max_bits;
+      a.target_bits = c.target_bits;
+      a.clusters = c.clusters;
+      a.decay = c.decay;
+      a.top_fraction = c.top_fraction;
+      a.bucket = c.bucket;
+      adapt_.emplace(layers, plan_.settings(), a);
+      host_.resize(n);
+    }
+  }
+
+  void run(void* data, std::size_t n, void* stream) override {
+    T* buf = static_cast<T*>(data);
+    auto s = static_cast<cudaStream_t>(stream);
+    plan_(buf, n, s);
+    if (adapt_) {
+      cgx::quant::detail::check_cuda(cudaMemcpyAsync(host_.data(), buf, n * sizeof(T), cudaMemcpyDeviceToHost, s),
+                                     "cgx_torch: cudaMemcpyAsync");
+      cgx::quant::detail::check_cuda(cudaStreamSynchronize(s), "cgx_torch: cudaStreamSynchronize");
+      adapt_->observe(host_.data());
+      if (plan_.calls() % static_cast<std::uint32_t>(interval_) == 0) plan_.set_settings(adapt_->assign());
+    }
+  }
+  std::vector<std::pair<int, std::size_t>> settings() const override {
+    std::vector<std::pair<int, std::size_t>> out;
+    for (const auto& x : plan_.settings()) out.emplace_back(x.bits, x.bucket);
+    return out;
+  }
+  double average_bits() const override { return plan_.average_bits(); }
+  std::size_t bytes_sent() const override { return plan_.bytes_sent(); }
+  std::size_t size() const override { return plan_.size(); }
+  std::uint32_t calls() const override { return plan_.calls(); }
+  int rank() const override { return plan_.transport().rank(); }
+  int world() const override { return plan_.transport().size(); }
+  bool on_device() const override { return true; }
+
+ private:
+  cgx::layerwise_device_plan<T, cgx::comm::mpi, Rounding> plan_;
+  std::optional<cgx::adaptive_bits> adapt_;
+  std::vector<T> host_;
+  int interval_;
+};
+
+template <class T>
+std::unique_ptr<plan> make_t(MPI_Comm comm, std::size_t n, std::vector<cgx::layer> layers, const plan_config& c) {
+  if (c.stochastic) return std::make_unique<device_plan<T, cgx::quant::stochastic>>(comm, n, std::move(layers), c);
+  return std::make_unique<device_plan<T, cgx::quant::nearest>>(comm, n, std::move(layers), c);
+}
+
+}  // namespace
+
+bool device_plans_compiled() { return true; }
+
+std::unique_ptr<plan> make_device_plan(int comm_f, dtype t, std::size_t n, std::vector<layer_desc> layers,
+                                       const plan_config& c) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) throw cgx::error(cgx::errc::communicator, "MPI is not initialized (import mpi4py.MPI first)");
+  MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(comm_f));
+  std::vector<cgx::layer> ls;
+  for (const auto& l : layers) ls.push_back(cgx::layer{l.offset, l.count, l.one_dimensional});
+  if (t == dtype::f32) return make_t<float>(comm, n, std::move(ls), c);
+  return make_t<double>(comm, n, std::move(ls), c);
+}
+
+}  // namespace cgx_torch

@@ -1,0 +1,6 @@
+// cgx::layerwise_plan<float, comm::mpi, quant::nearest> for plans.cpp (see host_plan.inl).
+#include "host_plan.inl"
+
+namespace cgx_torch::detail {
+CGX_TORCH_HOST_PLAN(, float, nearest)
+}  // namespace cgx_torch::detail

@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""Multi-rank tests of cgx_torch (run under mpirun, any number of ranks >= 1):
+
+    mpirun -np 3 python3 python/tests/test_cgx_torch.py
+
+allreduce_: exact on constant and on integer-valued uncompressed data, within the SRA's
+error bound at 8 and 4 bits, the same bits on every rank, float64, average, error
+feedback, adaptive; the errors (dtype, non-contiguous, bad settings, settings or shapes
+that differ between ranks: raised on every rank); the DDP hook against DDP's own
+allreduce, its layer-wise defaults, and mismatched hook settings. Prints one line per
+test on rank 0 and exits 1 when any rank failed one.
+"""
+import hashlib
+import sys
+import traceback
+
+from mpi4py import MPI
+
+import numpy
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import cgx_torch
+
+comm = MPI.COMM_WORLD
+rank, p = comm.rank, comm.size
+tests = []
+
+
+def test(f):
+    """Registers a test function."""
+    tests.append(f)
+    return f
+
+
+def digest(t):
+    """A digest of the tensor's bytes."""
+    return hashlib.blake2b(t.contiguous().numpy().tobytes(), digest_size=16).hexdigest()
+
+
+def same_everywhere(t):
+    """Whether every rank holds the same bits in t (collective)."""
+    return len(set(comm.allgather(digest(t)))) == 1
+
+
+def exact_sum(t):
+    """The sum of t over the ranks in float64 (MPI), in t's dtype."""
+    return torch.from_numpy(comm.allreduce(t.numpy().astype("float64"))).to(t.dtype)
+
+
+def raises(exc, f, match=None):
+    """Asserts that f() raises exc (whose message contains match); returns the exception."""
+    try:
+        f()
+    except exc as e:
+        assert match is None or match in str(e), f"message {str(e)!r} lacks {match!r}"
+        return e
+    raise AssertionError(f"{exc.__name__} not raised")
+
+
+def sra_bound(xs_min, xs_max, s_min, s_max, bits, stochastic):
+    """Per-bucket bound of the SRA: p - 1 contributions quantized once, the sum once;
+    one quantization errs < unit (stochastic) or <= unit / 2 (nearest)."""
+    f = 1.0 if stochastic else 0.5
+    levels = 2**bits - 1
+    return f * ((xs_max - xs_min).sum(0) / levels + (s_max - s_min) / levels)
+
+
+@test
+def constant_buckets_exact():
+    """A constant bucket is reproduced exactly at 1, 4 and 8 bits."""
+    for bits in (1, 4, 8):
+        t = torch.full((5000,), 0.5 * (rank + 1))
+        cgx_torch.allreduce_(t, bits=bits)
+        assert torch.all(t == 0.25 * p * (p + 1)), (bits, t[:4])
+
+
+@test
+def uncompressed_equals_mpi_on_integers():
+    """bits=0 equals the MPI sum on integer-valued data."""
+    g = torch.Generator().manual_seed(rank)
+    t = torch.randint(-1000, 1000, (3001,), generator=g).float()
+    want = exact_sum(t)
+    cgx_torch.allreduce_(t, bits=0)
+    assert torch.equal(t, want)
+
+
+@test
+def within_sra_bound_and_same_bits():
+    """Every element within the SRA's bound; the same bits on every rank."""
+    n, k = 8 * 1024 + 100, 1024  # a partial last bucket
+    for bits, rounding in ((8, "nearest"), (4, "stochastic"), (2, "stochastic")):
+        g = torch.Generator().manual_seed(100 + rank)
+        x = torch.randn(n, generator=g) * (1 + rank)
+        want = exact_sum(x)
+        xs_all = torch.from_numpy(numpy.stack(comm.allgather(x.numpy()))).double()
+        t = x.clone()
+        cgx_torch.allreduce_(t, bits=bits, rounding=rounding)
+        assert same_everywhere(t), "ranks hold different bits"
+        err = (t.double() - want.double()).abs()
+        for b in range(0, n, k):
+            xs = xs_all[:, b:b + k]
+            s = want[b:b + k].double()
+            bound = sra_bound(xs.min(1).values, xs.max(1).values, s.min(), s.max(), bits, rounding == "stochastic")
+            # the sum's range is that of the exact sum up to the contributions' error: 10% slack
+            assert err[b:b + k].max() <= 1.1 * bound + 1e-5, (bits, b, err[b:b + k].max().item(), bound.item())
+
+
+@test
+def float64_and_average():
+    """float64 tensors, and average=True divides by the ranks; returns the tensor."""
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(4096, dtype=torch.float64, generator=g)
+    want = exact_sum(x) / p
+    t = x.clone()
+    out = cgx_torch.allreduce_(t, bits=8, average=True)
+    assert out is t and t.dtype == torch.float64
+    assert (t - want).abs().max() < 0.05 * want.abs().max() + 1e-12
+
+
+@test
+def small_tensor_uncompressed():
+    """Tensors under min_compressed values travel uncompressed (exact)."""
+    t = torch.arange(100, dtype=torch.float32) * (rank + 1)  # < min_compressed: exact
+    cgx_torch.allreduce_(t, bits=2)
+    assert torch.equal(t, torch.arange(100, dtype=torch.float32) * (p * (p + 1) // 2))
+
+
+@test
+def error_feedback_and_adaptive_run():
+    """Error feedback and adaptive bits over 20 calls: finite, the same on every rank."""
+    g = torch.Generator().manual_seed(rank)
+    for kw in ({"error_feedback": True, "bits": 2}, {"adaptive": True}):
+        for _ in range(20):
+            t = torch.randn(4096, generator=g)
+            cgx_torch.allreduce_(t, **kw)
+            assert torch.isfinite(t).all() and same_everywhere(t)
+
+
+@test
+def errors_dtype_contiguity_settings():
+    """Local errors: dtypes, non-contiguous tensors, bad settings, a bad comm."""
+    raises(TypeError, lambda: cgx_torch.allreduce_(torch.ones(4096, dtype=torch.float16)), "float16")
+    raises(TypeError, lambda: cgx_torch.allreduce_(torch.ones(4096, dtype=torch.bfloat16)), "bfloat16")
+    raises(TypeError, lambda: cgx_torch.allreduce_(torch.ones(4096, dtype=torch.int32)), "int32")
+    raises(ValueError, lambda: cgx_torch.allreduce_(torch.ones(64, 128).t()), "not contiguous")
+    raises(ValueError, lambda: cgx_torch.allreduce_(torch.ones(4096), bits=9), "bits")
+    raises(ValueError, lambda: cgx_torch.allreduce_(torch.ones(4096), bucket=100), "bucket")
+    raises(ValueError, lambda: cgx_torch.allreduce_(torch.ones(4096), rounding="up"), "rounding")
+    raises(TypeError, lambda: cgx_torch.allreduce_(torch.ones(4096), comm=42), "mpi4py")
+    raises(TypeError, lambda: cgx_torch.CGXState(bits=4, adaptive="yes"), "adaptive")
+
+
+@test
+def errors_on_every_rank():
+    """Collective errors: differing settings or shapes, one rank's bad tensor, check='call'."""
+    if p == 1:
+        return
+    # settings that differ: every rank raises MismatchError, nothing moves
+    t = torch.ones(4096)
+    e = raises(cgx_torch.MismatchError, lambda: cgx_torch.allreduce_(t, bits=8 if rank == 0 else 4), "different")
+    assert isinstance(e, RuntimeError)
+    assert torch.all(t == 1)
+    raises(cgx_torch.MismatchError, lambda: cgx_torch.allreduce_(torch.ones(2048 + 8 * rank)))
+    # one rank's bad tensor: it raises its own error, the others say another rank's was bad
+    bad = torch.ones(64, 128).t() if rank == p - 1 else torch.ones(128, 64)
+    raises(ValueError, lambda: cgx_torch.allreduce_(bad, bits=3), "not contiguous" if rank == p - 1 else "another")
+    # check="call" catches a shape change on one rank even with cached plans
+    for _ in range(2):
+        cgx_torch.allreduce_(torch.ones(3000), check="call")
+    raises(cgx_torch.MismatchError,
+           lambda: cgx_torch.allreduce_(torch.ones(3000 if rank else 3008), check="call"))
+
+
+def model():
+    """A small model: two weights over 1024 values, one of 320000, 1-D parameters and small ones."""
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(48, 64), nn.ReLU(), nn.Linear(64, 40), nn.LayerNorm(40), nn.Linear(40, 8000))
+
+
+def grads_after_step(hook_state, bucket_mb=0.005):
+    """The gradients of 3 DDP steps, with the cgx hook of hook_state (None: DDP's allreduce)."""
+    m = DDP(model(), bucket_cap_mb=bucket_mb)
+    if hook_state is not None:
+        m.register_comm_hook(hook_state, cgx_torch.cgx_hook)
+    g = torch.Generator().manual_seed(rank)
+    out = []
+    for _ in range(3):  # DDP rebuilds its buckets after the first step
+        m.zero_grad()
+        m(torch.randn(16, 48, generator=g)).square().mean().backward()
+        out.append([q.grad.clone() for q in m.parameters()])
+    return out
+
+
+@test
+def ddp_hook_matches_ddp():
+    """The hook against DDP's allreduce, overlap on and off, and its layer-wise defaults."""
+    ref = grads_after_step(None)
+    exact = grads_after_step(cgx_torch.CGXState(bits=0))
+    for a, b in zip(ref, exact):
+        for x, y in zip(a, b):
+            assert torch.allclose(x, y, rtol=1e-5, atol=1e-7), (x - y).abs().max()
+    st = cgx_torch.CGXState(bits=8, min_compressed=256, rounding="nearest")
+    q8 = grads_after_step(st)
+    for a, b in zip(ref, q8):
+        for x, y in zip(a, b):
+            assert (x - y).abs().max() <= 0.02 * x.abs().max() + 1e-7
+            assert same_everywhere(y)
+    # the same bits whether the hook reduces on its background thread or inside the hook
+    q8_sync = grads_after_step(cgx_torch.CGXState(bits=8, min_compressed=256, rounding="nearest", overlap=False))
+    for a, b in zip(q8, q8_sync):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
+    # one layer per parameter; one-dimensional ones (biases, the norm) and those under
+    # min_compressed uncompressed, the others at 8 bits; several buckets
+    bits = st.layer_bits()
+    assert len(bits) >= 2, bits
+    flat = sorted(b for v in bits.values() for b in v)
+    # parameters: W1 3072, b1 64, W2 2560, b2 40, norm 40 + 40, W3 320000, b3 8000 (DDP's
+    # first bucket takes b3 and W3: over 1 MB)
+    assert flat == [0] * 5 + [8] * 3, bits
+
+
+@test
+def ddp_hook_mismatch_raises_everywhere():
+    """Hook settings that differ between ranks: backward() raises on every rank."""
+    if p == 1:
+        return
+    m = DDP(model())
+    m.register_comm_hook(cgx_torch.CGXState(bits=8 if rank == 0 else 4), cgx_torch.cgx_hook)
+    loss = m(torch.randn(4, 48)).sum()
+    raises(RuntimeError, loss.backward, "different settings")
+
+
+def main():
+    """Runs every test on every rank; exit status 1 when one failed on some rank."""
+    cgx_torch.init_process_group_from_mpi(comm)
+    failed = 0
+    for f in tests:
+        try:
+            f()
+            ok = True
+        except Exception:
+            ok = False
+            traceback.print_exc()
+        all_ok = comm.allreduce(ok, op=MPI.LAND)
+        failed += not all_ok
+        if rank == 0:
+            print(f"{'ok    ' if all_ok else 'FAILED'} {f.__name__} ({p} ranks)", flush=True)
+    if rank == 0:
+        print(f"cgx_torch tests: {len(tests) - failed} passed, {failed} failed ({p} ranks)")
+    dist.destroy_process_group()
+    cgx_torch.free_plans()
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
