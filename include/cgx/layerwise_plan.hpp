@@ -12,7 +12,8 @@
 /// to every rank. One message per pair of ranks per phase, whatever the number of
 /// layers. Stochastic rounding uses the keys of the SRA: stream = sender rank in phase
 /// 1, p + owner in phase 2, position = the piece's index in the fused buffer, counter =
-/// the call number. All ranks end with the same bits; the error bound of each value
+/// the call number (with error feedback the encoding is deterministic: error_feedback.hpp).
+/// All ranks end with the same bits; the error bound of each value
 /// is the SRA's with its layer's unit (uncompressed layers: the exact sum in rank
 /// order).
 ///
@@ -43,7 +44,11 @@ namespace cgx {
 /// Run-time options of a layer-wise plan.
 struct layerwise_options {
   layerwise_defaults defaults{};         ///< settings the layers start with (see default_settings)
-  bool error_feedback = false;           ///< keep per-rank residuals (error_feedback.hpp): n * sizeof(T) bytes
+  /// Keep per-rank residuals (error_feedback.hpp): n * sizeof(T) bytes. The compressed
+  /// layers are then encoded deterministically, whatever the plan's Rounding: nearest
+  /// rounding at 2..8 bits, two levels (the means of either side of the bucket's mean)
+  /// at 1 bit; every rank must set the same value (checked with the settings).
+  bool error_feedback = false;
   checking check = checking::automatic;  ///< argument checking level (as allreduce_plan's)
   std::uint64_t seed = 0x63677821u;      ///< seed of stochastic rounding
   int threads = 1;                       ///< host threads for (de)compression, per rank
@@ -95,7 +100,7 @@ class layerwise_base {
                                               std::to_string(layout_.layers().size()) + " layers");
     for (std::size_t i = 0; i < s.size(); ++i) validate_setting(s[i], i);
     std::vector<Codec> codecs(s.size());
-    for (std::size_t i = 0; i < s.size(); ++i) codecs[i] = Derived::make_codec(s[i]);
+    for (std::size_t i = 0; i < s.size(); ++i) codecs[i] = static_cast<Derived*>(this)->make_codec(s[i]);
     layerwise_layout cut = layout_;
     cut.cut(s, x_.size(), &setting_bytes<T>, Derived::piece_align);
     static_cast<Derived*>(this)->reserve(cut.slot_bytes());
@@ -105,6 +110,7 @@ class layerwise_base {
     signature_hash h;
     h.mix(sizeof(T));
     h.mix(Derived::rounding_id);
+    if (opts_.error_feedback) h.mix(0x6566);  // EF encodes with nearest rounding: ranks must agree
     h.mix(layout_.size());
     for (std::size_t i = 0; i < settings_.size(); ++i) {
       h.mix(layout_.layers()[i].offset);
@@ -209,8 +215,8 @@ class layerwise_base {
     if (v[2] != 0)
       throw error(errc::invalid_argument, where() + "another rank passed invalid arguments; no data was moved");
     if (v[0] != -v[1])
-      throw error(errc::mismatch, where() + "ranks have different layers or settings (bits, buckets) or value "
-                                          "types; no data was moved");
+      throw error(errc::mismatch, where() + "ranks have different layers or settings (bits, buckets), value "
+                                          "types or error-feedback options; no data was moved");
   }
 
   X x_;
@@ -273,7 +279,12 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
  private:
   static constexpr std::size_t piece_align = 1;
   static constexpr std::uint64_t rounding_id = std::is_same_v<Rounding, quant::stochastic> ? 1 : 0;
-  static detail::host_codec<T> make_codec(const layer_setting& s) { return detail::make_host_codec<T, Rounding>(s); }
+  /// The kernels of one setting: with error feedback nearest rounding, whatever Rounding
+  /// (error_feedback.hpp: its residual stays bounded only with a deterministic encoding).
+  detail::host_codec<T> make_codec(const layer_setting& s) const {
+    if (this->opts_.error_feedback) return detail::make_host_codec<T, quant::nearest>(s);
+    return detail::make_host_codec<T, Rounding>(s);
+  }
 
   void reserve(std::size_t slot) {
     const std::size_t need = 2 * static_cast<std::size_t>(this->x_.size()) * slot;
@@ -284,28 +295,31 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
     slot_ = slot;
   }
   /// Compresses the pieces of chunk r of buf into out; with error feedback, through the
-  /// residuals (compensate, encode, record).
+  /// residuals.
   void compress_chunk(T* buf, int r, std::byte* out, quant::rng_state s, quant::host_exec ex) {
     for (const auto& pc : this->layout_.pieces(r)) {
-      const auto& c = this->codecs_[pc.layer];
       s.position = pc.begin;
-      std::byte* o = out + pc.offset;
-      if (!ef_.size()) {
-        c.compress(buf + pc.begin, pc.count, o, s, ex);
-        continue;
-      }
-      ef_.compensate(buf, pc.begin, pc.count);
-      c.compress(buf + pc.begin, pc.count, o, s, ex);
-      record(buf, pc, o, ex);
+      if (ef_.size())
+        ef_quantize(buf, pc, out + pc.offset, s, ex);
+      else
+        this->codecs_[pc.layer].compress(buf + pc.begin, pc.count, out + pc.offset, s, ex);
     }
   }
 
-  void record(const T* buf, const layerwise_layout::piece& pc, const std::byte* o, quant::host_exec ex) {
+  /// Error-feedback quantization of one piece into o; buf's piece then holds the decoded values.
+  void ef_quantize(T* buf, const layerwise_layout::piece& pc, std::byte* o, const quant::rng_state& s,
+                   quant::host_exec ex) {
     const auto& c = this->codecs_[pc.layer];
-    if (c.lossless)
+    if (c.lossless) {
+      ef_.compensate(buf, pc.begin, pc.count);
+      c.compress(buf + pc.begin, pc.count, o, s, ex);
       ef_.clear(pc.begin, pc.count);
-    else
-      ef_.record(buf, pc.begin, pc.count, [&](T* y, std::size_t k) { c.decompress(o, k, y, ex); });
+      return;
+    }
+    const auto& st = this->settings_[pc.layer];
+    ef_.quantize(buf, pc.begin, pc.count, st.bucket, st.bits,
+                 [&](const T* in, std::size_t k) { c.compress(in, k, o, s, ex); },
+                 [&](T* y, std::size_t k) { c.decompress(o, k, y, ex); });
   }
 
   void run(T* buf, const quant::rng_state& rng) {
@@ -333,8 +347,6 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
       this->reqs_.push_back(this->x_.isend(sslot(r), this->layout_.chunk_bytes(r), r, base::tag_scatter));
     }
     if (mine_bytes != 0) {
-      if (ef_.size())
-        for (const auto& pc : this->layout_.pieces(me)) ef_.compensate(buf, pc.begin, pc.count);
       for (int r = 0; r < p; ++r) {
         if (r == me) continue;
         this->x_.wait_all(std::span(this->reqs_.data() + (r - (r > me ? 1 : 0)), 1));
@@ -348,8 +360,11 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
         const auto& c = this->codecs_[pc.layer];
         s.position = pc.begin;
         std::byte* o = sslot(me) + pc.offset;
+        if (ef_.size()) {
+          ef_quantize(buf, pc, o, s, ex);
+          continue;
+        }
         c.compress(buf + pc.begin, pc.count, o, s, ex);
-        if (ef_.size()) record(buf, pc, o, ex);
         if (!c.lossless) c.decompress(o, pc.count, buf + pc.begin, ex);
       }
     }
