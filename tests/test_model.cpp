@@ -91,8 +91,45 @@ struct tally {
 // those within `tolerance` are counted, the others printed.
 // Each record's problem carries the idle time the benchmark leaves the links before a
 // call, so that the tbf bucket is refilled only as much as it is in the measurement.
+// The host's one-core quantizer throughputs during the stored run: bench/reproduce runs
+// bench/quant_bench at its start (quant-host.json) and at its end (quant-host-after.json);
+// each figure is the geometric mean of the two ends (4-bit float, bucket 1024: stochastic
+// compress, decompress, decompress-add, and y += x, decompress-add's baseline). The host
+// is shared and its speed drifts from day to day (one core's 4-bit compress has read
+// 4.7 to 9.4 GB/s), so the model is held against the host as that run found it, not
+// against the figures of another day; these are measurements of the same run, none of
+// them fitted to the allreduce times.
+machine as_in_stored_run(machine m) {
+  double compress = 1, decompress = 1, decompress_add = 1, add = 1;
+  int found = 0;
+  for (const char* file : {"quant-host.json", "quant-host-after.json"}) {
+    for (const record& r : read_records(std::string(CGX_RESULTS_DIR) + "/" + file)) {
+      if (r.at("dtype") != "float" || r.at("bits") != "4" || r.at("bucket") != "1024") continue;
+      const std::string& op = r.at("op");
+      const double gbps = std::stod(r.at("gbps")) * 1e9;
+      if (op == "compress" && r.at("rounding") == "stochastic") {
+        compress *= gbps;
+        ++found;
+      } else if (op == "decompress") {
+        decompress *= gbps;
+        ++found;
+      } else if (op == "decompress_add") {
+        decompress_add *= gbps;
+        add *= std::stod(r.at("baseline_gbps")) * 1e9;
+        found += 2;
+      }
+    }
+  }
+  REQUIRE_MESSAGE(found == 8, "quant-host.json and quant-host-after.json need the 4-bit float rows");
+  m.compress_bps = std::sqrt(compress);
+  m.decompress_bps = std::sqrt(decompress);
+  m.decompress_add_bps = std::sqrt(decompress_add);
+  m.add_bps = std::sqrt(add);
+  return m;
+}
+
 void check_file(tally& t, const std::string& file, const std::string& profile_name) {
-  const machine& m = profile(profile_name);
+  const machine m = as_in_stored_run(profile(profile_name));
   for (const record& r : read_records(std::string(CGX_RESULTS_DIR) + "/" + file)) {
     const double bytes = std::stod(r.at("bytes"));
     if (bytes < min_bytes || r.at("dtype") != "float") continue;
@@ -198,7 +235,8 @@ TEST_CASE("model: hierarchical sends less between nodes than flat sra, and pays 
 // every record, each within 50%, and at least 90% of them within 25%; the test prints
 // the others. Not all within 25%: on this shared 2-core host, running 4 ranks, the
 // host's speed drifts by more than that within one run (one core's 4-bit compress read
-// 8.98 GB/s at the start of the stored run and 5.62 at its end), and the calls it moves
+// 4.71 GB/s at the start of the stored run and 6.96 at its end; the quantizer figures the
+// model uses are the mean of the two ends, as_in_stored_run), and the calls it moves
 // most are the CPU-bound ones and those that hand bytes between processes many times.
 // The three sets of these files of 2026-11-30 (docs/results/README.md) had 6, 2 and 5
 // of their 112 checks outside 25%, not the same ones each time, all within 50%:

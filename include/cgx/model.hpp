@@ -323,8 +323,9 @@ inline prediction predict(algorithm a, const problem& pr, const machine& m) {
 /// emulated ones use figures measured on the development machine, none of them fitted
 /// to the allreduce times the model is checked against: the quantizer and add
 /// throughputs of bench/quant_bench as run on 2026-11-29 (4-bit stochastic compress
-/// 8.9 GB/s, decompress 13.1, decompress-add 12.1, y += x 9.75; the host is shared,
-/// and docs/results/quant-host*.txt give the figures at both ends of the stored run),
+/// 8.9 GB/s, decompress 13.1, decompress-add 12.1, y += x 9.75; the host is shared and
+/// drifts from day to day, so tests/test_model.cpp replaces them with the figures that
+/// docs/results/quant-host*.json recorded at both ends of the stored run),
 /// the tbf rate and bucket of the namespace scripts, shared-memory bandwidth from the
 /// uncompressed cgx rows of shm-mpi.json (64 MiB, 2026-11-29), and the CPU cost per
 /// byte sent over TCP from the whole-machine profiles of bench/profile
