@@ -31,6 +31,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -160,6 +161,10 @@ class device_allreduce_plan {
   /// device memory, n > max_count(), or (collective checking) counts or plan types that
   /// differ between ranks; errc::cuda / errc::transport when CUDA, MPI or NCCL fail.
   void operator()(T* d_buf, std::size_t n, cudaStream_t stream = nullptr) {
+    // The schedule's kernels go to the transport's device, whatever device is current
+    // (one thread may drive plans on several GPUs); the caller's is restored after.
+    std::optional<comm::detail::device_guard> on;
+    if constexpr (requires { x_.device(); }) on.emplace(x_.device());
     check(d_buf, n);
     if constexpr (requires { x_.native_allreduce(d_buf, n, stream); }) {
       if (n * sizeof(T) < native_below_) {

@@ -31,12 +31,33 @@
 ///  - `max_all(span<int64_t>)`: collective maximum on the host (argument checks).
 ///  - optionally `native_allreduce(T* d_buf, n, stream)`: the transport's own
 ///    uncompressed sum (MPI_Allreduce, ncclAllReduce), for small messages.
+///
+/// Calls on different streams. A plan's calls may come on different streams (s1, then
+/// s2), and the stream order alone does not keep call 2 from writing workspace bytes
+/// that call 1's work on s1 still reads (a decompress_add reading a receive slot, a
+/// send reading a send slot). Every transport therefore owns a `workspace_fence`: an
+/// event recorded on the stream at the end of each exchange, behind the consumers that
+/// `arrived` enqueued (for cuda_ipc its `done` event plays that part); prepare_send and
+/// exchange first make their stream wait for it (cudaStreamWaitEvent). The first
+/// prepare_send of call 2 thus orders s2 after all of call 1's work on s1, before any
+/// workspace byte is touched; on one stream the wait is already satisfied. This is what
+/// NCCL does between its internal stream and the user's, and PyTorch between streams
+/// sharing a buffer. Before a workspace is freed (reserve, destruction) the host waits
+/// for the fence.
+///
+/// The CUDA device. A transport uses the device current at its construction and makes
+/// it current again (device_guard) in every call that touches CUDA, restoring the
+/// caller's after: a process may drive several GPUs, one plan per GPU, from one thread.
 
+#include <algorithm>
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -79,6 +100,56 @@ inline int current_device(const char* who) {
   if (e != cudaSuccess)
     cuda_check(e, (std::string(who) + ": cudaGetDevice (is there a CUDA device?)").c_str());
   return dev;
+}
+
+/// Makes `device` the current CUDA device of this thread for the guard's lifetime and
+/// then restores the caller's (cudaSetDevice is cheap when the device is current).
+class device_guard {
+ public:
+  /// Throws cgx::error(errc::cuda) when the device cannot be made current.
+  explicit device_guard(int device) {
+    cuda_check(cudaGetDevice(&previous_), "cgx: cudaGetDevice");
+    if (previous_ != device) {
+      cuda_check(cudaSetDevice(device), ("cgx: cudaSetDevice(" + std::to_string(device) + ")").c_str());
+      switched_ = true;
+    }
+  }
+  /// For destructors: errors are ignored (the calls that follow then fail quietly too).
+  device_guard(int device, std::nothrow_t) noexcept {
+    cudaError_t e = cudaGetDevice(&previous_);
+    if (e == cudaSuccess && previous_ != device) {
+      e = cudaSetDevice(device);
+      switched_ = e == cudaSuccess;
+    }
+    if (e != cudaSuccess) (void)cudaGetLastError();
+  }
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+  ~device_guard() {
+    if (switched_) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+/// Calls `done()` until it returns true: back to back at first (a short wait costs no
+/// sleep), then yielding the core, then sleeping 1, 2, 4 ... 64 microseconds between
+/// polls, so that a long wait neither keeps a core busy (ranks that oversubscribe the
+/// cores) nor adds more than 64 us to the moment the host sees the completion.
+template <class F>
+void poll_until(F&& done) {
+  for (unsigned i = 0;; ++i) {
+    if (done()) return;
+    if (i < 64) continue;
+    if (i < 128) {
+      std::this_thread::yield();
+      continue;
+    }
+    const unsigned shift = std::min((i - 128) / 8, 6u);
+    std::this_thread::sleep_for(std::chrono::microseconds(1u << shift));
+  }
 }
 }  // namespace detail
 
@@ -198,6 +269,51 @@ class cuda_event {
 
  private:
   cudaEvent_t e_ = nullptr;
+};
+
+/// The ordering rule of the file comment ("Calls on different streams"): an event that
+/// a transport records at the end of each exchange and that every later prepare_send
+/// and exchange waits for on its stream. Move-only; empty when moved from.
+class workspace_fence {
+ public:
+  workspace_fence() = default;
+  /// A fence for transport `who` (a string literal, used in error messages).
+  explicit workspace_fence(const char* who) : ev_(cudaEventDisableTiming), who_(who) {}
+  /// Orders what is enqueued on `stream` next after the last record (any stream). Before
+  /// the first record it is a no-op, as cudaStreamWaitEvent on an unrecorded event is.
+  void order(cudaStream_t stream) const {
+    const cudaError_t e = cudaStreamWaitEvent(stream, ev_.get(), 0);
+    if (e != cudaSuccess)
+      detail::cuda_check(e, (std::string(who_) + ": cudaStreamWaitEvent (workspace fence)").c_str());
+  }
+  /// Records the fence behind the work enqueued on `stream` so far.
+  void record(cudaStream_t stream) {
+    const cudaError_t e = cudaEventRecord(ev_.get(), stream);
+    if (e != cudaSuccess) detail::cuda_check(e, (std::string(who_) + ": cudaEventRecord (workspace fence)").c_str());
+  }
+  /// True once the work before the last record has completed (or nothing was recorded);
+  /// throws cgx::error(errc::cuda) on a CUDA error (e.g. a kernel fault).
+  [[nodiscard]] bool ready() const {
+    if (ev_.get() == nullptr) return true;
+    const cudaError_t e = cudaEventQuery(ev_.get());
+    if (e == cudaErrorNotReady) return false;
+    if (e != cudaSuccess) detail::cuda_check(e, (std::string(who_) + ": cudaEventQuery (workspace fence)").c_str());
+    return true;
+  }
+  /// Blocks the host until ready(), polling (detail::poll_until).
+  void wait() const {
+    detail::poll_until([&] { return ready(); });
+  }
+  /// For destructors: blocks until the work before the last record is done; errors ignored.
+  void synchronize() const noexcept {
+    if (ev_.get() != nullptr && cudaEventSynchronize(ev_.get()) != cudaSuccess) (void)cudaGetLastError();
+  }
+  /// The event.
+  [[nodiscard]] cudaEvent_t event() const noexcept { return ev_.get(); }
+
+ private:
+  cuda_event ev_;
+  const char* who_ = "cgx";
 };
 
 }  // namespace cgx::comm

@@ -17,6 +17,14 @@
 ///
 /// Either way an exchange blocks the host until its messages are complete (MPI needs
 /// the host); what follows an arrival on the stream is not waited for.
+///
+/// Ordering across streams: the transport's workspace_fence (device_transport.cuh) is
+/// recorded on the stream at the end of each exchange, behind the upward copies and the
+/// consumers; prepare_send and exchange first make their stream wait for it. Without it
+/// a call on stream s2 could let MPI (direct path: it synchronizes s2 only) or an upward
+/// copy (staged) write a receive slot that the previous call's decompress_add on s1
+/// still reads. Host waits on the GPU (a staged chunk's copy) poll with a growing sleep
+/// (detail::poll_until) while driving MPI's progress, instead of spinning on a core.
 
 #include <mpi.h>
 #if defined(OPEN_MPI) && __has_include(<mpi-ext.h>)
@@ -72,7 +80,8 @@ class mpi_device {
   /// Takes over the (already duplicated) communicator of `x`. Collective.
   explicit mpi_device(mpi x, path how = path::automatic)
       : x_(std::move(x)), direct_(how == path::direct || (how == path::automatic && mpi_is_cuda_aware())) {
-    (void)detail::current_device("cgx::comm::mpi_device");  // fails early without a device
+    device_ = detail::current_device("cgx::comm::mpi_device");  // fails early without a device
+    fence_ = workspace_fence("cgx::comm::mpi_device");
     h2d_done_ = cuda_event(cudaEventDisableTiming);
     native_done_ = cuda_event(cudaEventDisableTiming);
   }
@@ -85,16 +94,22 @@ class mpi_device {
   mpi_device& operator=(mpi_device&&) noexcept = default;
   mpi_device(const mpi_device&) = delete;
   mpi_device& operator=(const mpi_device&) = delete;
-  /// Waits for the copies that still read the pinned staging memory, then frees it.
+  /// Waits for the work that still uses the workspace or the pinned staging memory,
+  /// then frees them.
   ~mpi_device() {
-    if (h2d_done_.get() != nullptr) (void)cudaEventSynchronize(h2d_done_.get());
-    if (native_done_.get() != nullptr) (void)cudaEventSynchronize(native_done_.get());
+    if (fence_.event() == nullptr) return;  // moved from
+    detail::device_guard on(device_, std::nothrow);
+    fence_.synchronize();
+    for (const cuda_event* e : {&h2d_done_, &native_done_})
+      if (e->get() != nullptr && cudaEventSynchronize(e->get()) != cudaSuccess) (void)cudaGetLastError();
   }
 
   /// This process's rank.
   [[nodiscard]] int rank() const noexcept { return x_.rank(); }
   /// Number of ranks.
   [[nodiscard]] int size() const noexcept { return x_.size(); }
+  /// The CUDA device this rank uses (current at construction).
+  [[nodiscard]] int device() const noexcept { return device_; }
   /// True when device pointers go to MPI directly; false when staged through the host.
   [[nodiscard]] bool direct() const noexcept { return direct_; }
   /// The host transport underneath.
@@ -103,25 +118,33 @@ class mpi_device {
   /// Collective (in the sense that every rank's plan calls it). A device workspace of
   /// `bytes` bytes, mirrored in pinned host memory when staged.
   std::byte* reserve(std::size_t bytes) {
+    detail::device_guard on(device_);
+    fence_.wait();
     sync_staging();
     dev_ = device_memory(bytes);
     if (!direct_) host_ = pinned_memory(bytes);
     return dev_.get();
   }
 
-  /// Nothing to order: an exchange has finished reading its sends when it returns.
-  void prepare_send(cudaStream_t) noexcept {}
+  /// Orders the caller's coming writes to the workspace after the previous exchange's
+  /// work on any stream (the fence); no host wait.
+  void prepare_send(cudaStream_t stream) {
+    detail::device_guard on(device_);
+    fence_.order(stream);
+  }
 
   /// Collective: one exchange (see device_transport.cuh). Blocks until every message is
   /// complete; enqueues the upward copies and `arrived`'s work on `stream`.
   template <class F>
   void exchange(std::span<const device_message> sends, std::span<const device_message> recvs, cudaStream_t stream,
                 F&& arrived) {
+    detail::device_guard on(device_);
     const int tag = tag_base + static_cast<int>(seq_++ & 1u);
     reqs_.clear();
+    fence_.order(stream);
     if (direct_) {
-      // The sends' bytes are ready, and last exchange's consumers are done with the
-      // receive region, once the stream has drained.
+      // The sends' bytes are ready, and last exchange's consumers (on whatever stream:
+      // the fence) are done with the receive region, once the stream has drained.
       detail::cuda_check(cudaStreamSynchronize(stream), "cgx::comm::mpi_device: cudaStreamSynchronize");
       for (const auto& m : recvs) reqs_.push_back(x_.irecv(dev_.get() + m.offset, m.bytes, m.peer, tag));
       for (const auto& m : sends) reqs_.push_back(x_.isend(dev_.get() + m.offset, m.bytes, m.peer, tag));
@@ -129,6 +152,7 @@ class mpi_device {
         x_.wait_all(std::span(reqs_.data() + i, 1));
         arrived(i, static_cast<const std::byte*>(dev_.get() + recvs[i].offset));
       }
+      fence_.record(stream);
       x_.wait_all(std::span(reqs_.data() + recvs.size(), sends.size()));
       return;
     }
@@ -165,6 +189,7 @@ class mpi_device {
       arrived(i, static_cast<const std::byte*>(dev_.get() + m.offset));
     }
     detail::cuda_check(cudaEventRecord(h2d_done_.get(), stream), "cgx::comm::mpi_device: cudaEventRecord");
+    fence_.record(stream);
     x_.wait_all(std::span(reqs_.data() + recvs.size(), sends.size()));
   }
 
@@ -178,6 +203,7 @@ class mpi_device {
     requires(std::is_same_v<T, float> || std::is_same_v<T, double>)
   void native_allreduce(T* d_buf, std::size_t n, cudaStream_t stream) {
     if (n == 0) return;
+    detail::device_guard on(device_);
     const std::size_t bytes = n * sizeof(T);
     if (direct_) {
       detail::cuda_check(cudaStreamSynchronize(stream), "cgx::comm::mpi_device: cudaStreamSynchronize");
@@ -199,17 +225,19 @@ class mpi_device {
  private:
   static constexpr int tag_base = 0x6370;
 
-  /// Waits for `ev` on the host while driving MPI's progress on the receives posted.
+  /// Waits for `ev` on the host while driving MPI's progress on the receives posted
+  /// (MPI_Testall on the first one's requests), polling with a growing sleep.
   void wait_event(cudaEvent_t ev, std::size_t nrecv) {
-    for (;;) {
+    detail::poll_until([&] {
       const cudaError_t e = cudaEventQuery(ev);
-      if (e == cudaSuccess) return;
+      if (e == cudaSuccess) return true;
       if (e != cudaErrorNotReady) detail::cuda_check(e, "cgx::comm::mpi_device: cudaEventQuery");
       if (nrecv != 0) {
         int done = 0;
         detail::check_mpi(MPI_Testall(2, reqs_[0].r, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
       }
-    }
+      return false;
+    });
   }
 
   void sync_staging() {
@@ -219,6 +247,8 @@ class mpi_device {
 
   mpi x_;
   bool direct_ = false;
+  int device_ = 0;
+  workspace_fence fence_;
   std::uint32_t seq_ = 0;
   device_memory dev_;
   pinned_memory host_;
