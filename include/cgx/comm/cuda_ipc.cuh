@@ -20,6 +20,11 @@
 /// two exchanges, only bytes that the exchange before the previous one read (SRA: phase 1
 /// reads the send slots r != owner, phase 2 the owner's own slot), and the peers'
 /// `done` of that older exchange was enqueued before the barrier of the one in between.
+/// prepare_send and exchange also make the stream wait for the rank's *own* latest
+/// `done`, its workspace fence (device_transport.cuh): a call on another stream than
+/// the previous call's then writes nothing that the previous call's own work (the
+/// decompress of send slot me, a ring's forwarded copy into an allgather slot) still
+/// reads.
 /// A peer that waits for a later `ready` record than the one of its exchange only waits
 /// longer: the bytes it reads were not rewritten in between, by the same rule.
 ///
@@ -29,6 +34,15 @@
 /// the node (the mapping enables peer access; it fails with a clear message where the
 /// GPUs cannot reach each other). Every rank must be on the same node; the constructor
 /// checks that.
+///
+/// Teardown (destructor, and reserve() replacing a workspace). The CUDA runtime makes it
+/// undefined behaviour to free an exported allocation before every importer has called
+/// cudaIpcCloseMemHandle, or to use an imported event after its exporter destroyed it.
+/// So every rank first waits for its own reads of the peers' memory (`done`), then
+/// closes what it imported (memory handles, events), and only after an MPI_Barrier, when
+/// every peer has done the same, frees its own workspace and destroys its own events.
+/// (Freeing right after a barrier that preceded the peers' closes, as this file once did,
+/// raced with them.)
 
 #include <mpi.h>
 
@@ -48,8 +62,10 @@ namespace cgx::comm {
 
 /// CUDA IPC device transport (see the file comment). Construction, reserve() and
 /// destruction are collective over the communicator. Uses the CUDA device current at
-/// construction (call cudaSetDevice first). Move-constructible (the exported memory and
-/// events move with it), not copyable or assignable; a plan owns one.
+/// construction (call cudaSetDevice first) and makes it current in each of its calls
+/// (restoring the caller's after), so one thread may drive plans on several GPUs.
+/// Move-constructible (the exported memory and events move with it), not copyable or
+/// assignable; a plan owns one.
 class cuda_ipc {
  public:
   /// Collective over `comm` (duplicated). Throws cgx::error: errc::communicator when the
@@ -63,8 +79,10 @@ class cuda_ipc {
     detail::check_mpi(MPI_Comm_split_type(x_.comm(), MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &node),
                       "cgx::comm::cuda_ipc: MPI_Comm_split_type");
     int node_size = 0;
-    MPI_Comm_size(node, &node_size);
-    MPI_Comm_free(&node);
+    const int size_rc = MPI_Comm_size(node, &node_size);
+    const int free_rc = MPI_Comm_free(&node);
+    detail::check_mpi(size_rc, "cgx::comm::cuda_ipc: MPI_Comm_size (node communicator)");
+    detail::check_mpi(free_rc, "cgx::comm::cuda_ipc: MPI_Comm_free (node communicator)");
     std::int64_t off_node[1] = {node_size == p ? 0 : 1};
     x_.max_all(off_node);
     if (off_node[0] != 0)
@@ -108,7 +126,10 @@ class cuda_ipc {
     try {
       agree_or_throw(failure);
     } catch (...) {
+      // Every rank throws here (agree_or_throw is collective): close the imports, wait
+      // for the peers to have closed theirs, then let the members destroy the exports.
       destroy_peer_events();
+      (void)MPI_Barrier(x_.comm());
       throw;
     }
   }
@@ -119,16 +140,20 @@ class cuda_ipc {
   cuda_ipc& operator=(const cuda_ipc&) = delete;
   cuda_ipc& operator=(cuda_ipc&&) = delete;
 
-  /// Collective. Waits until this rank's reads of the peers' memory are done, then until
-  /// every rank's are (MPI_Barrier), and only then unmaps the peers' memory and frees
-  /// its own: no rank can still be reading it.
+  /// Collective (see "Teardown" in the file comment). Waits until this rank's reads of
+  /// the peers' memory are done, closes the peers' memory and events, waits in
+  /// MPI_Barrier until every rank has, and only then (the members' destructors) frees its
+  /// own workspace and destroys its own events. After MPI_Finalize no barrier is
+  /// possible: the order then rests on the peers having closed before finalizing.
   ~cuda_ipc() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (done_.get() != nullptr) (void)cudaEventSynchronize(done_.get());
-    if (!finalized && x_.comm() != MPI_COMM_NULL) (void)MPI_Barrier(x_.comm());
+    if (x_.comm() == MPI_COMM_NULL) return;  // moved from: owns nothing
+    detail::device_guard on(device_, std::nothrow);
+    if (done_.get() != nullptr && cudaEventSynchronize(done_.get()) != cudaSuccess) (void)cudaGetLastError();
     close_peer_memory();
     destroy_peer_events();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) (void)MPI_Barrier(x_.comm());
   }
 
   /// This process's rank.
@@ -140,12 +165,14 @@ class cuda_ipc {
 
   /// Collective. Allocates a device workspace of `bytes` bytes, exports it and maps every
   /// peer's (cudaIpcOpenMemHandle with cudaIpcMemLazyEnablePeerAccess). A previous
-  /// workspace is released first, after every rank has stopped reading it.
+  /// workspace is released first, in the order of "Teardown" (file comment): own reads
+  /// done, peers' memory closed, barrier, own memory freed.
   std::byte* reserve(std::size_t bytes) {
+    detail::device_guard on(device_);
     if (mem_.get() != nullptr) {
       detail::cuda_check(cudaEventSynchronize(done_.get()), "cgx::comm::cuda_ipc: cudaEventSynchronize");
-      detail::check_mpi(MPI_Barrier(x_.comm()), "cgx::comm::cuda_ipc: MPI_Barrier");
       close_peer_memory();
+      detail::check_mpi(MPI_Barrier(x_.comm()), "cgx::comm::cuda_ipc: MPI_Barrier");
       mem_.reset();
     }
     const int p = x_.size();
@@ -176,8 +203,11 @@ class cuda_ipc {
   }
 
   /// Orders the caller's coming writes to its send region after every peer's reads of
-  /// it (cudaStreamWaitEvent on each peer's `done`). No host wait.
+  /// it (cudaStreamWaitEvent on each peer's `done`) and after this rank's own work of
+  /// the previous exchange, whatever its stream (its own `done`). No host wait.
   void prepare_send(cudaStream_t stream) {
+    detail::device_guard on(device_);
+    order_after_own(stream);
     for (int r = 0; r < x_.size(); ++r) {
       if (r == x_.rank()) continue;
       detail::cuda_check(cudaStreamWaitEvent(stream, peer_done_[static_cast<std::size_t>(r)], 0),
@@ -191,6 +221,8 @@ class cuda_ipc {
   template <class F>
   void exchange(std::span<const device_message> /*sends*/, std::span<const device_message> recvs,
                 cudaStream_t stream, F&& arrived) {
+    detail::device_guard on(device_);
+    order_after_own(stream);
     detail::cuda_check(cudaEventRecord(ready_.get(), stream), "cgx::comm::cuda_ipc: cudaEventRecord (ready)");
     detail::check_mpi(MPI_Barrier(x_.comm()), "cgx::comm::cuda_ipc: MPI_Barrier");
     for (std::size_t i = 0; i < recvs.size(); ++i) {
@@ -215,6 +247,13 @@ class cuda_ipc {
     throw cgx::error(errc::cuda, "cgx::comm::cuda_ipc (rank " + std::to_string(x_.rank()) + "): " +
                                      (failure.empty() ? std::string("another rank could not map CUDA IPC handles")
                                                       : failure));
+  }
+
+  /// `stream` waits for this rank's latest `done` (its workspace fence). Before the first
+  /// record, a no-op.
+  void order_after_own(cudaStream_t stream) {
+    detail::cuda_check(cudaStreamWaitEvent(stream, done_.get(), 0),
+                       "cgx::comm::cuda_ipc: cudaStreamWaitEvent (own done)");
   }
 
   void destroy_peer_events() noexcept {
