@@ -13,12 +13,45 @@
 ///
 /// NCCL needs one GPU per rank: it refuses two ranks of one communicator on one device
 /// ("Duplicate GPU detected"). To test several processes on one GPU use cuda_ipc.
+///
+/// Ordering across streams: the transport's workspace_fence (device_transport.cuh) is
+/// recorded on the stream at the end of every exchange (behind the consumers) and of
+/// every native_allreduce; prepare_send, exchange and native_allreduce first make their
+/// stream wait for it. A call on stream s2 therefore receives into no slot that the
+/// previous call's decompress_add on s1 still reads, and compresses into no slot that
+/// an s1 ncclSend still reads.
+///
+/// Errors. NCCL reports some failures only asynchronously (a peer's connection lost, a
+/// remote error): its kernels then spin on the stream until the communicator is
+/// aborted. So:
+///  - every call first asks ncclCommGetAsyncError, and the host waits of this file
+///    (reserve(), the destructor) poll it while they wait for the fence; an error
+///    aborts the communicator (ncclCommAbort, which stops its kernels) and throws
+///    cgx::error(errc::transport). NCCL's documentation: after an error nothing can be
+///    assumed about the operations enqueued, and the communicator must be aborted.
+///  - the send/receive group is closed on every path (an RAII guard calls ncclGroupEnd
+///    when a ncclSend/ncclRecv inside it threw: NCCL then discards the group's operations
+///    and returns the error; a group left open would swallow the next NCCL calls of the
+///    thread).
+///  - after any NCCL failure the transport refuses further calls (errc::transport).
+///  - destruction: in the normal case every rank destroys its plan, collectively, and
+///    the destructor waits for the fence, then ncclCommFinalize (collective: it flushes
+///    the operations and synchronizes with the peers) and ncclCommDestroy. When the
+///    destructor runs during stack unwinding (an exception thrown after construction,
+///    possibly on this rank only) or after an NCCL failure, it calls ncclCommAbort
+///    instead: local, it never waits for a peer (ncclCommFinalize would hang when the
+///    peers are not destroying theirs), and it stops this rank's pending NCCL kernels, so
+///    work still in flight from earlier calls is lost. The peers' operations with this
+///    rank then fail (an asynchronous error they see) or wait until they abort too: an
+///    application that continues after such an error should abort every rank's plan.
 
 #include <mpi.h>
 #include <nccl.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <new>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -35,12 +68,17 @@
 namespace cgx::comm {
 
 namespace detail {
+/// "`what` failed: " NCCL's text for `r`, and its last error when it has one.
+inline std::string nccl_message(ncclResult_t r, const char* what, ncclComm_t comm) {
+  std::string msg = std::string(what) + " failed: " + ncclGetErrorString(r);
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && *last != '\0') msg += std::string(" (") + last + ")";
+  return msg;
+}
+
 /// Throws cgx::error(errc::transport) with NCCL's text for `r` (and its last error).
 inline void nccl_check(ncclResult_t r, const char* what, ncclComm_t comm = nullptr) {
-  if (r == ncclSuccess) return;
-  std::string msg = std::string(what) + " failed: " + ncclGetErrorString(r);
-  if (const char* last = ncclGetLastError(comm); last != nullptr && *last != '\0') msg += std::string(" (") + last + ")";
-  throw cgx::error(errc::transport, msg);
+  if (r != ncclSuccess) throw cgx::error(errc::transport, nccl_message(r, what, comm));
 }
 
 /// NCCL's data type for T.
@@ -54,13 +92,15 @@ constexpr ncclDataType_t nccl_type() {
 }  // namespace detail
 
 /// NCCL device transport (see the file comment). Construction and destruction are
-/// collective over the communicator. Move-only.
+/// collective over the communicator (destruction during stack unwinding is not: see
+/// "Errors" in the file comment). Uses the CUDA device current at construction and makes
+/// it current in each of its calls. Move-only.
 class nccl {
  public:
   /// Collective over `comm` (duplicated; it carries the bootstrap and argument checks).
   /// Throws cgx::error(errc::transport) when NCCL cannot create the communicator (for
   /// example two ranks on one GPU), on every rank that NCCL reports it to.
-  explicit nccl(MPI_Comm comm) : x_(comm) {
+  explicit nccl(MPI_Comm comm) : x_(comm), fence_("cgx::comm::nccl") {
     device_ = detail::current_device("cgx::comm::nccl");
     ncclUniqueId id{};
     if (x_.rank() == 0) detail::nccl_check(ncclGetUniqueId(&id), "cgx::comm::nccl: ncclGetUniqueId");
@@ -73,53 +113,81 @@ class nccl {
   }
   /// Takes over o's NCCL communicator and buffers; o holds none after.
   nccl(nccl&& o) noexcept
-      : x_(std::move(o.x_)), device_(o.device_), comm_(std::exchange(o.comm_, nullptr)), mem_(std::move(o.mem_)) {}
+      : x_(std::move(o.x_)),
+        device_(o.device_),
+        comm_(std::exchange(o.comm_, nullptr)),
+        failed_(o.failed_),
+        unwinding_at_start_(o.unwinding_at_start_),
+        fence_(std::move(o.fence_)),
+        mem_(std::move(o.mem_)) {}
   nccl& operator=(nccl&&) = delete;
   nccl(const nccl&) = delete;
   nccl& operator=(const nccl&) = delete;
-  /// Collective: destroys the NCCL communicator (after its pending work).
+  /// Collective in the normal case: waits for this transport's work (polling NCCL's
+  /// asynchronous errors), then ncclCommFinalize and ncclCommDestroy. During stack
+  /// unwinding, after an NCCL failure, or when an asynchronous error shows while it
+  /// waits: ncclCommAbort (local; see "Errors" in the file comment).
   ~nccl() {
-    if (comm_ != nullptr) {
+    if (comm_ == nullptr) return;
+    detail::device_guard on(device_, std::nothrow);
+    const bool unwinding = std::uncaught_exceptions() > unwinding_at_start_;
+    if (!failed_ && !unwinding && quiesce()) {
       (void)ncclCommFinalize(comm_);
       (void)ncclCommDestroy(comm_);
+    } else if (comm_ != nullptr) {  // (quiesce() aborts itself on an asynchronous error)
+      (void)ncclCommAbort(comm_);
     }
+    comm_ = nullptr;
   }
 
   /// This process's rank.
   [[nodiscard]] int rank() const noexcept { return x_.rank(); }
   /// Number of ranks.
   [[nodiscard]] int size() const noexcept { return x_.size(); }
-  /// The NCCL communicator.
+  /// The CUDA device this rank uses.
+  [[nodiscard]] int device() const noexcept { return device_; }
+  /// The NCCL communicator (nullptr once aborted after an error).
   [[nodiscard]] ncclComm_t comm() const noexcept { return comm_; }
 
-  /// A device workspace of `bytes` bytes (cudaMalloc). Waits for the device before
-  /// releasing a previous one.
+  /// A device workspace of `bytes` bytes (cudaMalloc). Before releasing a previous one,
+  /// waits for the work that uses it (the fence), polling NCCL's asynchronous errors.
   std::byte* reserve(std::size_t bytes) {
-    if (mem_.get() != nullptr) detail::cuda_check(cudaDeviceSynchronize(), "cgx::comm::nccl: cudaDeviceSynchronize");
+    detail::device_guard on(device_);
+    check_alive();
+    if (mem_.get() != nullptr) wait_for_fence();
     mem_ = device_memory(bytes);
     return mem_.get();
   }
 
-  /// Nothing to order: NCCL reads the sends in stream order.
-  void prepare_send(cudaStream_t) noexcept {}
+  /// Orders the caller's coming writes to the workspace after the previous exchange's
+  /// work, whatever its stream (the fence). NCCL reads the sends in stream order.
+  void prepare_send(cudaStream_t stream) {
+    detail::device_guard on(device_);
+    check_alive();
+    fence_.order(stream);
+  }
 
   /// Collective: every send and receive in one NCCL group on `stream`; then
-  /// `arrived(i, workspace + recvs[i].offset)` for each receive, in order. Does not
-  /// block the host.
+  /// `arrived(i, workspace + recvs[i].offset)` for each receive, in order, then the
+  /// fence. Does not block the host.
   template <class F>
   void exchange(std::span<const device_message> sends, std::span<const device_message> recvs, cudaStream_t stream,
                 F&& arrived) {
     if (sends.empty() && recvs.empty()) return;
-    detail::nccl_check(ncclGroupStart(), "cgx::comm::nccl: ncclGroupStart", comm_);
-    for (const auto& m : recvs)
-      detail::nccl_check(ncclRecv(mem_.get() + m.offset, m.bytes, ncclUint8, m.peer, comm_, stream),
-                         "cgx::comm::nccl: ncclRecv", comm_);
-    for (const auto& m : sends)
-      detail::nccl_check(ncclSend(mem_.get() + m.offset, m.bytes, ncclUint8, m.peer, comm_, stream),
-                         "cgx::comm::nccl: ncclSend", comm_);
-    detail::nccl_check(ncclGroupEnd(), "cgx::comm::nccl: ncclGroupEnd", comm_);
+    detail::device_guard on(device_);
+    check_alive();
+    fence_.order(stream);
+    {
+      group g(*this);
+      for (const auto& m : recvs) call(ncclRecv(mem_.get() + m.offset, m.bytes, ncclUint8, m.peer, comm_, stream),
+                                       "cgx::comm::nccl: ncclRecv");
+      for (const auto& m : sends) call(ncclSend(mem_.get() + m.offset, m.bytes, ncclUint8, m.peer, comm_, stream),
+                                       "cgx::comm::nccl: ncclSend");
+      g.end();
+    }
     for (std::size_t i = 0; i < recvs.size(); ++i)
       arrived(i, static_cast<const std::byte*>(mem_.get() + recvs[i].offset));
+    fence_.record(stream);
   }
 
   /// Collective: element-wise maximum over all ranks (host values, over MPI).
@@ -131,14 +199,90 @@ class nccl {
              std::is_same_v<T, __nv_bfloat16>)
   void native_allreduce(T* d_buf, std::size_t n, cudaStream_t stream) {
     if (n == 0) return;
-    detail::nccl_check(ncclAllReduce(d_buf, d_buf, n, detail::nccl_type<T>(), ncclSum, comm_, stream),
-                       "cgx::comm::nccl: ncclAllReduce", comm_);
+    detail::device_guard on(device_);
+    check_alive();
+    fence_.order(stream);
+    call(ncclAllReduce(d_buf, d_buf, n, detail::nccl_type<T>(), ncclSum, comm_, stream),
+         "cgx::comm::nccl: ncclAllReduce");
+    fence_.record(stream);
   }
 
  private:
+  /// ncclGroupStart on construction; ncclGroupEnd on destruction when end() was not
+  /// reached (a call inside the group threw: NCCL discards the group's operations).
+  class group {
+   public:
+    explicit group(nccl& x) : x_(x) { x_.call(ncclGroupStart(), "cgx::comm::nccl: ncclGroupStart"); }
+    group(const group&) = delete;
+    group& operator=(const group&) = delete;
+    /// Ends the group: NCCL enqueues its operations on the stream.
+    void end() {
+      open_ = false;
+      x_.call(ncclGroupEnd(), "cgx::comm::nccl: ncclGroupEnd");
+    }
+    ~group() {
+      if (open_) (void)ncclGroupEnd();
+    }
+
+   private:
+    nccl& x_;
+    bool open_ = true;
+  };
+
+  /// Throws (and marks the transport failed) when an NCCL call returned an error.
+  void call(ncclResult_t r, const char* what) {
+    if (r == ncclSuccess) return;
+    failed_ = true;
+    detail::nccl_check(r, what, comm_);
+  }
+
+  /// Throws when the communicator was aborted, or when NCCL reports an asynchronous
+  /// error (which aborts it).
+  void check_alive() {
+    if (comm_ == nullptr)
+      throw cgx::error(errc::transport, "cgx::comm::nccl: the NCCL communicator was aborted after an error");
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
+    if (r != ncclSuccess) async = r;
+    if (async != ncclSuccess && async != ncclInProgress) abort_and_throw(async);
+  }
+
+  [[noreturn]] void abort_and_throw(ncclResult_t async) {
+    failed_ = true;
+    const std::string msg =
+        detail::nccl_message(async, "cgx::comm::nccl: an earlier NCCL operation (asynchronous error)", comm_);
+    (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+    throw cgx::error(errc::transport, msg + "; the communicator was aborted");
+  }
+
+  /// Blocks until the work before the fence is done; throws (after aborting) on an
+  /// asynchronous NCCL error seen meanwhile.
+  void wait_for_fence() {
+    check_alive();
+    detail::poll_until([&] {
+      if (fence_.ready()) return true;
+      check_alive();
+      return false;
+    });
+  }
+
+  /// wait_for_fence() for the destructor: false on any error (then the caller aborts).
+  bool quiesce() noexcept {
+    try {
+      wait_for_fence();
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
+
   mpi x_;
   int device_ = 0;
   ncclComm_t comm_ = nullptr;
+  bool failed_ = false;                                // an NCCL call failed: abort on destruction
+  int unwinding_at_start_ = std::uncaught_exceptions();  // > this in the destructor: unwinding
+  workspace_fence fence_;
   device_memory mem_;
 };
 
