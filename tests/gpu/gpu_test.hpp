@@ -101,9 +101,16 @@ class dev_buf {
   }
   T* get() const { return p_; }
   std::size_t size() const { return count_; }
+  /// A copy on the legacy default stream; from pageable memory cudaMemcpy may return
+  /// before the bytes reach the device, so it waits for the device after: work on any
+  /// stream (non-blocking ones too, which do not wait for the legacy stream) sees them.
   void upload(const T* h, std::size_t k) {
-    if (k != 0) CUDA_OK(cudaMemcpy(p_, h, k * sizeof(T), cudaMemcpyHostToDevice));
+    if (k == 0) return;
+    CUDA_OK(cudaMemcpy(p_, h, k * sizeof(T), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaDeviceSynchronize());
   }
+  /// A copy on the legacy default stream, which waits for work on blocking streams only:
+  /// synchronize a non-blocking stream first.
   void download(T* h, std::size_t k) const {
     if (k != 0) CUDA_OK(cudaMemcpy(h, p_, k * sizeof(T), cudaMemcpyDeviceToHost));
   }
@@ -157,11 +164,15 @@ inline std::vector<float> make_data(std::size_t n, std::uint32_t seed) {
   return x;
 }
 
-/// The two legal decodings of every value of a compressed buffer: as the host computes
-/// min + code * unit (two roundings), and fused (fma: one rounding). nvcc contracts
-/// the device expression into an FMA (--fmad=true is its default); the host compiler
-/// does not (no FMA in the x86-64 baseline, and ISO mode disables contraction). The two
-/// differ by the rounding of code * unit, which can be many ulp of a result near 0.
+/// Two decodings of every value of a compressed buffer: the library's (min + code * unit
+/// with the product rounded on its own: detail::mul_rn, on host and device), and fused
+/// (fma: one rounding), what a compiler's contraction of the plain expression gives:
+/// nvcc contracts by default (--fmad=true), and so does g++ for C++ whatever the -std
+/// (at -O3 -march=native it emits vfmadd231ss; ISO mode turns contraction off for C
+/// only). The two differ by the rounding of code * unit, which can be many ulp of a
+/// result near 0. The checks below still accept either, although with mul_rn on both
+/// sides the device should give the library's decoding exactly (as the host paths do,
+/// compared bit for bit in tests/test_quant.cpp).
 template <int Bits, std::size_t B, class M>
 struct decoded_ref {
   std::vector<M> plain, fused;

@@ -193,7 +193,9 @@ void check_readme_example() {
   std::vector<std::vector<float>> x;
   for (int r = 0; r < size_; ++r) x.push_back(inputs<float>(r, n, 7, false));
   gpu_test::dev_buf<float> d(n);
-  d.upload(x[static_cast<std::size_t>(rank_)].data(), n);
+  // On stream_ (non-blocking: it would not wait for a copy on the legacy stream).
+  CUDA_OK(cudaMemcpyAsync(d.get(), x[static_cast<std::size_t>(rank_)].data(), n * sizeof(float),
+                          cudaMemcpyHostToDevice, stream_));
   readme_example(d.get(), n, stream_);
   std::vector<float> got(n);
   CUDA_OK(cudaStreamSynchronize(stream_));
