@@ -9,8 +9,13 @@
 /// shared with the host kernels of maxmin.hpp. `device<Q>::compress` therefore writes,
 /// bit for bit, the bytes of `Q::compress` on the host for the same values and the same
 /// `rng_state` (for __half / __nv_bfloat16 input: the host compress of the values
-/// converted to float, which is exact). Decoding may differ from the host in the last
-/// bit only where the device fuses `min + code * unit` into one FMA and the host does not.
+/// converted to float, which is exact). Decoding gives the host's values too: the product
+/// code * unit is rounded on its own on both sides (detail::mul_rn: __fmul_rn on the
+/// device, where nvcc would otherwise contract `min + code * unit` into an FMA as it does
+/// by default, and an opaque product on the host, where GCC contracts as well: at -O3
+/// -march=native it emits vfmadd231ss for the plain expression, ISO mode or not). A
+/// contracted decode would differ by the rounding of the product, which is many ulp of
+/// a result near 0, not only the last bit.
 ///
 /// Usage, in the style of CUB's `cub::DeviceReduce`:
 /// ```cpp
@@ -26,6 +31,9 @@
 /// Mapping: compress gives one bucket to a group of threads (a logical warp for buckets
 /// of up to 256 values, a thread block otherwise); thread j of the group owns position j
 /// of the bucket (values j + k S, k = 0..7), so loads and the byte planes are coalesced.
+/// A thread's loop over its positions is unrolled fully up to 8 positions (buckets up to
+/// 16384 values) and 4 at a time above (CGX_UNROLL_BOUNDED), which bounds the code of
+/// huge buckets.
 /// The bucket's min/max/finiteness is a CUB WarpReduce or BlockReduce. Decompress needs
 /// no reduction: one thread per position over the whole buffer.
 ///
@@ -227,7 +235,7 @@ __device__ __forceinline__ void dev_encode_bucket(const T* __restrict__ x, const
                                                   unsigned lane, std::uint32_t S, std::size_t count,
                                                   const bucket_params<M>& p, std::uint8_t* __restrict__ codes,
                                                   const rng_state& rng, std::uint64_t gfirst) {
-  CGX_UNROLL
+  CGX_UNROLL_BOUNDED(Shape::per_thread)
   for (unsigned t = 0; t < Shape::per_thread; ++t) {
     const std::uint32_t j = lane + t * Shape::group;
     if (j < S) {
@@ -294,7 +302,7 @@ __global__ void __launch_bounds__(compress_shape<B>::threads)
     M cache[Shape::cached ? P : 1][8];
     acc_t a{::cuda::std::numeric_limits<M>::infinity(), -::cuda::std::numeric_limits<M>::infinity(), 1};
     M chk = M(0);  // NaN once a value is NaN or +-Inf
-    CGX_UNROLL
+    CGX_UNROLL_BOUNDED(P)
     for (unsigned t = 0; t < P; ++t) {
       const std::uint32_t j = lane + t * G;
       if (j < S) {
