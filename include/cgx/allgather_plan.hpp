@@ -70,8 +70,11 @@ class allgather_plan : public detail::plan_base<X> {
   /// r = 0..p-1. `in` may be `out + rank() * count` (in place); otherwise the two must
   /// not overlap. Collective: every rank calls it with the same count. Throws
   /// cgx::error, leaving out untouched, for a null in or out with count > 0, count above
-  /// max_count(), or (collective checking) counts or plan types that differ between ranks.
+  /// max_count(), or (collective checking) counts or plan types that differ between ranks;
+  /// errc::invalid_argument at once, before any communication, when another thread is in
+  /// a call of this plan.
   void operator()(const T* in, std::size_t count, T* out) {
+    const auto claimed = this->claim();
     detail::check_call(this->x_, this->opts_.check, "allgather_plan", in == nullptr || out == nullptr, count,
                        this->max_count_, signature());
     const int p = this->x_.size();

@@ -4,6 +4,7 @@
 /// specialized at compile time for a value type, quantizer, reducer and transport.
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -81,9 +82,13 @@ class allreduce_plan {
   /// Sums buf[0..n) over all ranks, in place, blocking. Collective: every rank calls it
   /// with the same n. Throws cgx::error, leaving buf untouched, for a null buf with
   /// n > 0, n > max_count(), or (collective checking, see `checking`) counts or plan
-  /// types that differ between ranks, on every rank.
+  /// types that differ between ranks, on every rank. Throws errc::invalid_argument at
+  /// once, before any communication, when another thread is in a call of this plan
+  /// (operator(), start() or wait()) or a start()ed reduction is still in flight.
   void operator()(T* buf, std::size_t n) {
-    if (in_flight_) throw error(errc::invalid_argument, "allreduce_plan: a started reduction is still in flight; call wait() first");
+    const detail::call_guard g(busy_, "allreduce_plan");
+    if (in_flight_.load(std::memory_order_relaxed))
+      throw error(errc::invalid_argument, "allreduce_plan: a started reduction is still in flight; call wait() first");
     check(buf, n);
     reduce(buf, n);
   }
@@ -94,11 +99,14 @@ class allreduce_plan {
   /// bad input throws here, with buf untouched. Collective, like operator().
   /// With comm::mpi, MPI must be initialized with at least MPI_THREAD_SERIALIZED (then
   /// the caller makes no MPI call until wait()); MPI_THREAD_MULTIPLE lifts that.
+  /// Throws errc::invalid_argument while a reduction is in flight, and at once when
+  /// another thread is in a call of this plan.
   void start(T* buf, std::size_t n) {
-    if (in_flight_) throw error(errc::invalid_argument, "allreduce_plan: start() while a reduction is in flight");
+    const detail::call_guard g(busy_, "allreduce_plan::start");
+    if (in_flight_.load(std::memory_order_relaxed))
+      throw error(errc::invalid_argument, "allreduce_plan: start() while a reduction is in flight");
     if constexpr (requires { x_.require_thread_level(); }) x_.require_thread_level();
     check(buf, n);
-    in_flight_ = true;
     failure_ = nullptr;
     worker_ = std::thread([this, buf, n] {
       try {
@@ -107,24 +115,32 @@ class allreduce_plan {
         failure_ = std::current_exception();
       }
     });
+    in_flight_.store(true, std::memory_order_release);
   }
 
   /// Completes the reduction begun by start(); rethrows what it threw. No-op if none.
+  /// Throws errc::invalid_argument at once when another thread is in a call of this plan.
   void wait() {
-    if (!in_flight_) return;
+    const detail::call_guard g(busy_, "allreduce_plan::wait");
+    if (!in_flight_.load(std::memory_order_relaxed)) return;
     worker_.join();
-    in_flight_ = false;
+    in_flight_.store(false, std::memory_order_release);
     if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
   }
 
   /// True between start() and wait().
-  bool in_flight() const noexcept { return in_flight_; }
+  bool in_flight() const noexcept { return in_flight_.load(std::memory_order_acquire); }
 
   allreduce_plan(const allreduce_plan&) = delete;
   allreduce_plan& operator=(const allreduce_plan&) = delete;
-  /// Waits for a reduction still in flight (errors are dropped: call wait() to see them).
+  /// Lets a call running on another thread return, then waits for a reduction still in
+  /// flight (errors are dropped: call wait() to see them). The reduction needs every
+  /// peer's matching call: if a peer never makes it, the destructor never returns (as
+  /// wait() would not). Destroying the plan while another thread may still *start* a
+  /// call of it is a use after free, as for any object.
   ~allreduce_plan() {
-    if (in_flight_) worker_.join();
+    detail::call_guard::wait_idle(busy_);
+    if (in_flight_.load(std::memory_order_acquire)) worker_.join();
   }
 
   /// The transport (e.g. to read rank() and size()).
@@ -186,7 +202,8 @@ class allreduce_plan {
   std::span<std::byte> ws_;
   std::uint32_t calls_ = 0;
   std::thread worker_;
-  bool in_flight_ = false;
+  std::atomic<bool> in_flight_{false};  // between start() and wait(); written under busy_
+  std::atomic<bool> busy_{false};       // held by a call in progress (detail::call_guard)
   std::exception_ptr failure_;
 };
 

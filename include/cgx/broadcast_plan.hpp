@@ -66,8 +66,11 @@ class broadcast_plan : public detail::plan_base<X> {
   /// Replaces buf[0..n) on every rank by the root's values (decoded). Collective: every
   /// rank calls it with the same n and root. Throws cgx::error, leaving buf untouched,
   /// for a null buf with n > 0, n above max_count(), a root outside [0, size()), or
-  /// (collective checking) counts, roots or plan types that differ between ranks.
+  /// (collective checking) counts, roots or plan types that differ between ranks;
+  /// errc::invalid_argument at once, before any communication, when another thread is in
+  /// a call of this plan.
   void operator()(T* buf, std::size_t n, int root) {
+    const auto claimed = this->claim();
     const int p = this->x_.size();
     const bool bad_root = root < 0 || root >= p;
     detail::signature_hash h = detail::plan_signature<T, Q>("broadcast");

@@ -29,6 +29,7 @@
 /// runtime, which the host headers (.hpp) must not.
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -159,8 +160,11 @@ class device_allreduce_plan {
   /// for what blocks). Collective: every rank calls it with the same n. Throws
   /// cgx::error before moving data for a null d_buf with n > 0, a pointer that is not
   /// device memory, n > max_count(), or (collective checking) counts or plan types that
-  /// differ between ranks; errc::cuda / errc::transport when CUDA, MPI or NCCL fail.
+  /// differ between ranks; errc::cuda / errc::transport when CUDA, MPI or NCCL fail;
+  /// errc::invalid_argument at once, before any communication, when another thread is
+  /// in a call of this plan.
   void operator()(T* d_buf, std::size_t n, cudaStream_t stream = nullptr) {
+    const detail::call_guard claimed(busy_, "device_allreduce_plan");
     // The schedule's kernels go to the transport's device, whatever device is current
     // (one thread may drive plans on several GPUs); the caller's is restored after.
     std::optional<comm::detail::device_guard> on;
@@ -232,6 +236,7 @@ class device_allreduce_plan {
   schedule_type sched_;
   std::byte* ws_ = nullptr;
   std::uint32_t calls_ = 0;
+  std::atomic<bool> busy_{false};  // held by a call in progress (detail::call_guard)
 };
 
 }  // namespace cgx

@@ -131,8 +131,10 @@ class error_bounded_plan : public detail::plan_base<X> {
   /// that is not a finite positive number; with collective checking also (errc::mismatch)
   /// for counts, bounds or plan types that differ between ranks, on every rank.
   /// Messages under native_below_bytes() go through the transport's exact native
-  /// allreduce (which meets any bound).
+  /// allreduce (which meets any bound). Throws errc::invalid_argument at once, before any
+  /// communication, when another thread is in a call of this plan.
   void operator()(T* buf, std::size_t n, double bound) {
+    const auto claimed = this->claim();
     const bool bad_bound = !(bound > 0) || !std::isfinite(bound);
     detail::signature_hash h = detail::plan_signature<T, Q>(R::name);
     std::uint64_t bits = 0;

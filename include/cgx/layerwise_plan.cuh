@@ -82,8 +82,10 @@ class layerwise_device_plan
   ~layerwise_device_plan() { release(); }
 
   /// Sums d_buf[0..n) (device memory) over all ranks, in place, with kernels on
-  /// `stream`; returns when done. Collective, with the checks of layerwise_plan.
+  /// `stream`; returns when done. Collective, with the checks of layerwise_plan (a second
+  /// thread's concurrent call throws errc::invalid_argument at once).
   void operator()(T* d_buf, std::size_t n, cudaStream_t stream = nullptr) {
+    const detail::call_guard claimed(this->busy_, "layerwise_device_plan");
     this->check(d_buf, n);
     run(d_buf, this->next_rng(), stream);
   }

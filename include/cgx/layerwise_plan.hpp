@@ -21,6 +21,7 @@
 /// chunk_bytes(me) sent, as much received (`bytes_sent()`).
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -93,8 +94,10 @@ class layerwise_base {
   /// Replaces every layer's setting (one per layer, in the order of the layer list).
   /// Local: every rank must make the same change before its next call. Throws
   /// cgx::error(errc::invalid_argument), keeping the old settings, for a wrong count,
-  /// bits outside 0..8 or a bucket not compiled in (layerwise_buckets).
+  /// bits outside 0..8 or a bucket not compiled in (layerwise_buckets), and at once
+  /// when another thread is in a call of this plan.
   void set_settings(std::vector<layer_setting> s) {
+    const call_guard claimed(busy_, "layerwise_plan::set_settings");
     if (s.size() != layout_.layers().size())
       throw error(errc::invalid_argument, "layerwise_plan: " + std::to_string(s.size()) + " settings for " +
                                               std::to_string(layout_.layers().size()) + " layers");
@@ -227,6 +230,7 @@ class layerwise_base {
   std::int64_t sig_ = 0;
   std::uint32_t calls_ = 0;
   std::vector<typename X::request> reqs_;
+  std::atomic<bool> busy_{false};  // held by a call in progress (call_guard)
 };
 
 }  // namespace detail
@@ -263,8 +267,10 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
   /// Sums buf[0..n) over all ranks, in place, blocking, layer by layer as set. Collective:
   /// every rank calls it with the same n and the same settings. Throws cgx::error,
   /// leaving buf untouched, for a null buf, n != size(), or (collective checking)
-  /// layouts or settings that differ between ranks, on every rank.
+  /// layouts or settings that differ between ranks, on every rank; errc::invalid_argument
+  /// at once, before any communication, when another thread is in a call of this plan.
   void operator()(T* buf, std::size_t n) {
+    const detail::call_guard claimed(this->busy_, "layerwise_plan");
     this->check(buf, n);
     run(buf, this->next_rng());
   }

@@ -7,6 +7,7 @@
 /// rank throw when any rank's arguments are bad or differ from the others'.
 
 #include <array>
+#include <atomic>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -184,6 +185,38 @@ inline void require_workspace(std::span<std::byte> ws, std::size_t need, const c
                                      std::to_string(ranks) + " ranks need " + std::to_string(need));
 }
 
+/// Claims a plan for one call, so that two threads never run one plan at once: the
+/// constructor sets the plan's `busy` flag or, if another thread holds it, throws
+/// cgx::error(errc::invalid_argument) at once, before any communication, leaving the
+/// other thread's call and the caller's buffer untouched. The destructor releases the
+/// flag and wakes `wait_idle`. Every call entry point of every plan makes one first.
+class call_guard {
+ public:
+  /// Claims `busy` for the call of `who` (a plan name, for the message).
+  call_guard(std::atomic<bool>& busy, const char* who) : busy_(busy) {
+    if (busy_.exchange(true, std::memory_order_acquire))
+      throw error(errc::invalid_argument,
+                  std::string(who) + ": called from two threads at once; a plan serves one call at a time (give "
+                                     "each thread its own plan, over its own communicator); this call did nothing");
+  }
+  ~call_guard() {
+    busy_.store(false, std::memory_order_release);
+    busy_.notify_all();
+  }
+  call_guard(const call_guard&) = delete;
+  call_guard& operator=(const call_guard&) = delete;
+
+  /// Blocks until no call holds `busy`, then claims it for good: what allreduce_plan's
+  /// destructor does, so that a start() or call still running on another thread
+  /// returns before the plan's members go (it never returns if that call never does).
+  static void wait_idle(std::atomic<bool>& busy) noexcept {
+    while (busy.exchange(true, std::memory_order_acquire)) busy.wait(true, std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<bool>& busy_;
+};
+
 /// What the plans other than allreduce_plan share: the transport, the capacity, the
 /// options, the workspace (owned or the caller's) and the call counter that keys
 /// stochastic rounding. Derived plans size the workspace in their constructors.
@@ -213,6 +246,9 @@ class plan_base {
   }
   ~plan_base() = default;
 
+  /// Claims the plan for one call (throws if another thread is in a call of it).
+  [[nodiscard]] call_guard claim() { return call_guard(busy_, who_); }
+
   /// Allocates `bytes` of workspace.
   void own_workspace(std::size_t bytes) {
     owned_ = std::make_unique_for_overwrite<std::byte[]>(bytes == 0 ? 1 : bytes);
@@ -240,6 +276,7 @@ class plan_base {
   std::unique_ptr<std::byte[]> owned_;
   std::span<std::byte> ws_;
   std::uint32_t calls_ = 0;
+  std::atomic<bool> busy_{false};  // held by a call in progress (call_guard)
 };
 
 /// check_call without a caller-defined error.

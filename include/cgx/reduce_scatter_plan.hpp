@@ -77,8 +77,11 @@ class reduce_scatter_plan : public detail::plan_base<X> {
   /// Sums buf[0..n) over all ranks and leaves this rank's chunk of the sum in
   /// buf[chunk_of(n, size(), rank())]. Collective: every rank calls it with the same n.
   /// Throws cgx::error, leaving buf untouched, for a null buf with n > 0, n above
-  /// max_count(), or (collective checking) counts or plan types that differ between ranks.
+  /// max_count(), or (collective checking) counts or plan types that differ between ranks;
+  /// errc::invalid_argument at once, before any communication, when another thread is in
+  /// a call of this plan.
   void operator()(T* buf, std::size_t n) {
+    const auto claimed = this->claim();
     detail::check_call(this->x_, this->opts_.check, "reduce_scatter_plan", buf == nullptr, n, this->max_count_,
                        signature());
     sched_.scatter_reduce(buf, n, this->x_, this->ws_.data(), this->next_rng(), quant::host_exec{this->opts_.threads});
