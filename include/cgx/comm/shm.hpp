@@ -12,16 +12,32 @@
 /// flow through it in pieces. Messages between one pair are matched in the order they
 /// were posted (tags are not used), which is what every cgx reducer does.
 ///
-/// Lifetime: rank 0 creates the segment under a fresh unique name, all ranks map it,
-/// and rank 0 unlinks the name as soon as everyone has mapped it. Nothing is left in
-/// /dev/shm after that point, even if the job is killed, and a new job never meets an
-/// old job's name (names carry the pid, the time and random bits, and creation uses
-/// O_EXCL).
+/// Lifetime: rank 0 creates the segment under a fresh unique name, reserves its memory
+/// (posix_fallocate: a /dev/shm too small for it is an error at construction, naming
+/// the bytes needed and free, never a SIGBUS at the first call), all ranks map it, and
+/// rank 0 unlinks the name as soon as everyone has mapped it. Nothing is left in
+/// /dev/shm after that point, even if the job is killed. A job killed *before* that
+/// point (inside the constructor) leaves its segment's name behind; the name carries
+/// the creator's pid namespace and pid ("cgx.<pid ns inode>.<pid>.<time>.<random>"),
+/// and the next comm::shm constructed on the node in the same pid namespace unlinks
+/// every such name whose creator no longer exists. A new job never meets an old job's
+/// name (time and random bits, and creation uses O_EXCL).
+///
+/// Agreement: the ranks compare `ring_bytes` at construction; different values throw
+/// cgx::error(errc::mismatch) on every rank.
+///
+/// Dead peers: a rank waiting for a peer (wait_all) checks, every 100 ms of waiting,
+/// that the peers in its pid namespace are still alive, and throws
+/// cgx::error(errc::transport, "... peer rank N (pid P) died ...") when one is gone,
+/// instead of waiting forever. (An MPI launcher usually tears the job down first.)
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <mpi.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,8 +64,11 @@
 namespace cgx::comm {
 
 /// Shared-memory transport among ranks of one node (see the file comment).
-/// Construction is collective over `comm`; throws cgx::error(errc::communicator) if
-/// the ranks are not all on one node. Move-only.
+/// Construction is collective over `comm`; throws cgx::error on every rank:
+/// errc::communicator if the ranks are not all on one node, errc::invalid_argument for
+/// a ring_bytes that is not a power of two >= 4096 on any rank, errc::mismatch if the
+/// ranks pass different ring_bytes, errc::transport if the segment cannot be created,
+/// reserved (too little room in /dev/shm) or mapped. Move-only.
 class shm {
   struct ring_header {
     alignas(64) std::atomic<std::uint64_t> head;  // bytes written by the producer
@@ -75,10 +94,10 @@ class shm {
   /// Default ring size per ordered pair of ranks.
   static constexpr std::size_t default_ring_bytes = std::size_t{1} << 20;
 
-  /// Collective over `comm` (which must hold only ranks of one node).
+  /// Collective over `comm` (which must hold only ranks of one node). Every rank must
+  /// pass the same `ring_bytes` (a power of two >= 4096). The segment holds
+  /// size() * size() rings of ring_bytes + 128 bytes, reserved in /dev/shm at once.
   explicit shm(MPI_Comm comm, std::size_t ring_bytes = default_ring_bytes) : ring_(ring_bytes) {
-    if (ring_bytes < 4096 || (ring_bytes & (ring_bytes - 1)) != 0)
-      throw cgx::error(errc::invalid_argument, "cgx::comm::shm: ring_bytes must be a power of two >= 4096");
     base_comm_.emplace(comm);  // validates the communicator and duplicates it (setup, native allreduce)
     mpi& base = *base_comm_;
     rank_ = base.rank();
@@ -91,20 +110,58 @@ class shm {
     int node_size = 0;
     MPI_Comm_size(node, &node_size);
     MPI_Comm_free(&node);
-    int all_local = node_size == size_ ? 1 : 0, ok = 0;
-    MPI_Allreduce(&all_local, &ok, 1, MPI_INT, MPI_MIN, base.comm());
-    if (!ok) throw cgx::error(errc::communicator, "cgx::comm::shm: the ranks of the communicator span several nodes");
+    // One exchange: all on one node, ring_bytes valid everywhere and equal.
+    const bool bad_ring = ring_bytes < 4096 || (ring_bytes & (ring_bytes - 1)) != 0;
+    const auto ring = static_cast<long long>(std::min<std::size_t>(ring_bytes, std::size_t{1} << 62));
+    long long v[4] = {node_size == size_ ? 0 : 1, bad_ring ? 1 : 0, ring, -ring};
+    MPI_Allreduce(MPI_IN_PLACE, v, 4, MPI_LONG_LONG, MPI_MAX, base.comm());
+    if (v[0] != 0) throw cgx::error(errc::communicator, "cgx::comm::shm: the ranks of the communicator span several nodes");
+    if (bad_ring)
+      throw cgx::error(errc::invalid_argument, "cgx::comm::shm: ring_bytes must be a power of two >= 4096 (this rank "
+                                               "passed " + std::to_string(ring_bytes) + ")");
+    if (v[1] != 0)
+      throw cgx::error(errc::invalid_argument, "cgx::comm::shm: another rank passed a ring_bytes that is not a power "
+                                               "of two >= 4096");
+    if (v[2] != -v[3])
+      throw cgx::error(errc::mismatch, "cgx::comm::shm: ranks passed different ring_bytes (between " +
+                                           std::to_string(-v[3]) + " and " + std::to_string(v[2]) + "; this rank " +
+                                           std::to_string(ring_bytes) + "); every rank must pass the same");
+
+    // Who the peers are, for the liveness checks of wait_all.
+    const long long me[2] = {static_cast<long long>(pid_namespace()), static_cast<long long>(getpid())};
+    std::vector<long long> ids(2 * static_cast<std::size_t>(size_));
+    MPI_Allgather(me, 2, MPI_LONG_LONG, ids.data(), 2, MPI_LONG_LONG, base.comm());
+    for (int r = 0; r < size_; ++r) {
+      const auto ns = ids[2 * static_cast<std::size_t>(r)];
+      // A pid means something here only in this rank's own pid namespace.
+      peer_pid_.push_back(r != rank_ && ns != 0 && ns == me[0] ? static_cast<pid_t>(ids[2 * static_cast<std::size_t>(r) + 1]) : 0);
+    }
 
     const std::size_t pairs = static_cast<std::size_t>(size_) * static_cast<std::size_t>(size_);
+    if (ring_ > (std::size_t{1} << 62) / pairs)  // the same on every rank: they agree on ring_bytes
+      throw cgx::error(errc::invalid_argument, "cgx::comm::shm: ring_bytes " + std::to_string(ring_) + " is too large");
     stride_ = sizeof(ring_header) + ring_;
     bytes_ = pairs * stride_;
 
     // Rank 0 creates the segment under a unique name; the others open it.
-    char name[64] = {};
-    int err = 0;
-    if (rank_ == 0) err = create(name, sizeof(name));
-    MPI_Bcast(&err, 1, MPI_INT, 0, base.comm());
-    if (err != 0) throw cgx::error(errc::transport, "cgx::comm::shm: cannot create a shared-memory segment: " + std::string(std::strerror(err)));
+    char name[96] = {};
+    long long created[2] = {0, 0};  // errno, and 1 if it was posix_fallocate's
+    if (rank_ == 0) {
+      reclaim_stale_segments();
+      created[0] = create(name, sizeof(name), created[1]);
+    }
+    MPI_Bcast(created, 2, MPI_LONG_LONG, 0, base.comm());
+    if (created[0] != 0) {
+      const int e = static_cast<int>(created[0]);
+      if (created[1] != 0)
+        throw cgx::error(errc::transport, "cgx::comm::shm: cannot reserve " + std::to_string(bytes_) +
+                                              " bytes in /dev/shm for the rings (" + std::to_string(size_) + " x " +
+                                              std::to_string(size_) + " rings of ring_bytes " + std::to_string(ring_) +
+                                              " + 128): " + std::strerror(e) + "; /dev/shm has " + devshm_free() +
+                                              ". Pass a smaller ring_bytes or enlarge /dev/shm (docker: --shm-size)");
+      throw cgx::error(errc::transport, "cgx::comm::shm: cannot create a shared-memory segment of " +
+                                            std::to_string(bytes_) + " bytes in /dev/shm: " + std::strerror(e));
+    }
     MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, base.comm());
     int my_err = 0;
     if (rank_ != 0) my_err = attach(name);
@@ -141,6 +198,7 @@ class shm {
       completed_ = std::move(o.completed_);
       blocked_send_ = std::move(o.blocked_send_);
       blocked_recv_ = std::move(o.blocked_recv_);
+      peer_pid_ = std::move(o.peer_pid_);
     }
     return *this;
   }
@@ -172,7 +230,9 @@ class shm {
     return post(static_cast<std::byte*>(buf), bytes, peer, false);
   }
 
-  /// Progresses every pending operation until those in `reqs` are complete.
+  /// Progresses every pending operation until those in `reqs` are complete. Throws
+  /// cgx::error(errc::transport) if a peer that this rank waits for has died (checked
+  /// every 100 ms of waiting; see the file comment).
   void wait_all(std::span<request> reqs) {
     auto done = [&] {
       for (const auto& r : reqs)
@@ -180,11 +240,19 @@ class shm {
       return true;
     };
     int idle = 0;
+    auto last_check = std::chrono::steady_clock::time_point{};
     while (!done()) {
       if (progress()) {
         idle = 0;
       } else if (++idle > 64) {
         std::this_thread::yield();  // ranks may outnumber cores
+        const auto now = std::chrono::steady_clock::now();
+        if (idle == 65) {
+          last_check = now;
+        } else if (now - last_check > std::chrono::milliseconds(100)) {
+          last_check = now;
+          check_peers_alive();
+        }
       }
     }
     for (auto& r : reqs) {
@@ -224,11 +292,82 @@ class shm {
   }
   std::byte* data(int src, int dst) const { return reinterpret_cast<std::byte*>(header(src, dst) + 1); }
 
-  int create(char* name, std::size_t cap) {
+  /// The inode of this process's pid namespace, 0 if it cannot be told.
+  static unsigned long long pid_namespace() noexcept {
+    struct stat st {};
+    if (stat("/proc/self/ns/pid", &st) != 0) return 0;
+    return static_cast<unsigned long long>(st.st_ino);
+  }
+
+  /// True if no process `pid` runs (it does not exist, or is a zombie).
+  static bool process_gone(pid_t pid) noexcept {
+    if (kill(pid, 0) != 0) return errno == ESRCH;
+    char path[64];
+    std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+    FILE* f = std::fopen(path, "r");
+    if (f == nullptr) return false;
+    char buf[512] = {};
+    const std::size_t got = std::fread(buf, 1, sizeof(buf) - 1, f);
+    std::fclose(f);
+    buf[got] = 0;
+    const char* paren = std::strrchr(buf, ')');  // the state follows the command name
+    return paren != nullptr && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+  }
+
+  /// Unlinks the names that comm::shm constructors of this pid namespace left in
+  /// /dev/shm when their process was killed before unlinking them (see the file comment).
+  static void reclaim_stale_segments() noexcept {
+    const unsigned long long ns = pid_namespace();
+    if (ns == 0) return;
+    DIR* d = opendir("/dev/shm");
+    if (d == nullptr) return;
+    std::vector<std::string> stale;
+    while (const dirent* e = readdir(d)) {
+      unsigned long long their_ns = 0;
+      int pid = 0, used = 0;
+      if (std::sscanf(e->d_name, "cgx.%llu.%d.%n", &their_ns, &pid, &used) == 2 && used > 0 && their_ns == ns &&
+          pid > 0 && pid != static_cast<int>(getpid()) && process_gone(static_cast<pid_t>(pid)))
+        stale.emplace_back(std::string("/") + e->d_name);
+    }
+    closedir(d);
+    for (const auto& n : stale) shm_unlink(n.c_str());
+  }
+
+  /// "F bytes free of S" for /dev/shm, for error messages.
+  static std::string devshm_free() {
+    struct statvfs v {};
+    if (statvfs("/dev/shm", &v) != 0) return "an unknown amount free";
+    const auto unit = static_cast<unsigned long long>(v.f_frsize);
+    return std::to_string(static_cast<unsigned long long>(v.f_bavail) * unit) + " bytes free of " +
+           std::to_string(static_cast<unsigned long long>(v.f_blocks) * unit);
+  }
+
+  /// Throws if a transfer this rank waits for can no longer complete because its peer
+  /// died. (A peer may exit once its sends are in the rings: only a transfer that is
+  /// still pending after the dead peer's last bytes are drained is an error.)
+  void check_peers_alive() {
+    auto pending_with = [&](int r) {
+      return std::any_of(pending_.begin(), pending_.end(), [r](const op& o) { return o.peer == r; });
+    };
+    for (int r = 0; r < size_; ++r) {
+      const pid_t pid = peer_pid_[static_cast<std::size_t>(r)];
+      if (pid == 0 || !pending_with(r) || !process_gone(pid)) continue;
+      while (progress()) {
+      }
+      if (pending_with(r))
+        throw cgx::error(errc::transport, "cgx::comm::shm (rank " + std::to_string(rank_) + "): peer rank " +
+                                              std::to_string(r) + " (pid " + std::to_string(pid) +
+                                              ") died while this rank waited for a transfer with it");
+    }
+  }
+
+  /// Creates, sizes, reserves and maps the segment (rank 0); 0 or an errno value, with
+  /// `reserving` set to 1 when posix_fallocate failed (no room in /dev/shm).
+  int create(char* name, std::size_t cap, long long& reserving) {
     std::random_device rd;
     for (int attempt = 0; attempt < 16; ++attempt) {
       const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
-      std::snprintf(name, cap, "/cgx.%d.%llx.%08x", static_cast<int>(getpid()),
+      std::snprintf(name, cap, "/cgx.%llu.%d.%llx.%08x", pid_namespace(), static_cast<int>(getpid()),
                     static_cast<unsigned long long>(now), static_cast<unsigned>(rd()));
       const int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
       if (fd < 0) {
@@ -239,6 +378,13 @@ class shm {
         const int e = errno;
         close(fd);
         shm_unlink(name);
+        return e;
+      }
+      // Reserve the pages now: on a full tmpfs a store into the mapping is a SIGBUS.
+      if (const int e = posix_fallocate(fd, 0, static_cast<off_t>(bytes_)); e != 0) {
+        close(fd);
+        shm_unlink(name);
+        reserving = 1;
         return e;
       }
       void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -368,6 +514,7 @@ class shm {
   std::deque<op> pending_;
   std::vector<std::uint64_t> completed_;
   std::vector<char> blocked_send_, blocked_recv_;  // per peer, scratch of progress()
+  std::vector<pid_t> peer_pid_;  // per rank: its pid if it shares this rank's pid namespace, else 0 (and 0 for self)
 };
 
 }  // namespace cgx::comm
