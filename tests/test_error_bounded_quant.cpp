@@ -32,9 +32,9 @@ std::size_t roundtrip_within(const std::vector<In>& x, double e, std::size_t& ou
   CHECK(bytes <= Q::max_compressed_bytes<In>(x.size()));
   CHECK(w[Q::max_compressed_bytes<In>(x.size())] == std::byte{0x5a});  // nothing past the bound
   std::vector<Out> y(x.size(), Out(-7));
-  CHECK(Q::decompress<Out>(w.data(), x.size(), y.data()) == bytes);
+  CHECK(Q::decompress<Out>(w.data(), bytes, x.size(), y.data()) == bytes);
   std::vector<Out> z(x.size(), Out(1));
-  CHECK(Q::decompress_add<Out>(w.data(), x.size(), z.data()) == bytes);
+  CHECK(Q::decompress_add<Out>(w.data(), bytes, x.size(), z.data()) == bytes);
   outside = 0;
   for (std::size_t i = 0; i < x.size(); ++i) {
     if (!(std::fabs(static_cast<double>(y[i]) - static_cast<double>(x[i])) <= e)) ++outside;
@@ -89,7 +89,7 @@ TEST_CASE("error_bounded: a constant bucket takes 9 bytes and decodes exactly") 
     std::vector<std::byte> w(Q::max_compressed_bytes<double>(x.size()));
     CHECK(Q::compress<double>(x.data(), x.size(), w.data(), 1e-9) == 18);
     std::vector<double> y(x.size());
-    Q::decompress<double>(w.data(), x.size(), y.data());
+    CHECK(Q::decompress<double>(w.data(), 18, x.size(), y.data()) == 18);
     CHECK(y == x);
   }
 }
@@ -104,7 +104,7 @@ TEST_CASE("error_bounded: non-finite values, extreme ranges and a non-positive b
     std::vector<std::byte> w(Q::max_compressed_bytes<double>(x.size()));
     const std::size_t bytes = Q::compress<double>(x.data(), x.size(), w.data(), e);
     std::vector<double> y(x.size());
-    CHECK(Q::decompress<double>(w.data(), x.size(), y.data()) == bytes);
+    CHECK(Q::decompress<double>(w.data(), bytes, x.size(), y.data()) == bytes);
     CHECK(std::memcmp(x.data(), y.data(), 1024 * sizeof(double)) == 0);  // first bucket escaped, bit for bit
     if (e > 0) CHECK(bytes < Q::max_compressed_bytes<double>(x.size()));  // the second bucket is constant
   }
@@ -215,12 +215,12 @@ std::size_t checked_roundtrip(const std::vector<In>& x, double e, std::vector<Ou
   CHECK(w[cap] == std::byte{0x5a});
   w = std::vector<std::byte>(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(bytes));  // exact size: ASan sees over-reads
   y.assign(x.size(), Out(-7));
-  CHECK(Qz::template decompress<Out>(w.data(), x.size(), y.data()) == bytes);
+  CHECK(Qz::template decompress<Out>(w.data(), bytes, x.size(), y.data()) == bytes);
   std::vector<Out> ref;
   CHECK(ref_decode<Out>(w, x.size(), Qz::bucket_size, ref, census) == bytes);
   CHECK(std::memcmp(ref.data(), y.data(), x.size() * sizeof(Out)) == 0);  // the decoder is the documented format
   std::vector<Out> z(x.size(), Out(1));
-  CHECK(Qz::template decompress_add<Out>(w.data(), x.size(), z.data()) == bytes);
+  CHECK(Qz::template decompress_add<Out>(w.data(), bytes, x.size(), z.data()) == bytes);
   std::size_t outside = 0, wrong_nonfinite = 0;
   for (std::size_t i = 0; i < x.size(); ++i) {
     const double xi = static_cast<double>(x[i]);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "mpi_test_util.hpp"
+#include "thrown_code.hpp"
 
 namespace {
 using cgx::allreduce_plan;
@@ -25,16 +26,7 @@ int world_size() {
   return s;
 }
 
-template <class F>
-cgx::errc thrown_code(F&& f) {
-  try {
-    f();
-  } catch (const cgx::error& e) {
-    return e.code();
-  }
-  FAIL("no cgx::error was thrown");
-  return cgx::errc::transport;
-}
+using cgx_test::thrown_code;
 
 std::vector<float> ramp(std::size_t n, int r) {
   std::vector<float> v(n);

@@ -47,8 +47,12 @@ class allgather_plan : public detail::plan_base<X> {
   using transport_type = X;      ///< the transport
 
   /// Bytes of workspace for blocks of up to `max_count` values on `ranks` ranks.
+  /// Throws cgx::error(errc::invalid_argument) if that size overflows std::size_t.
   static std::size_t workspace_bytes(std::size_t max_count, int ranks) {
-    return static_cast<std::size_t>(ranks) * comm::round_to_line(Q::template compressed_bytes<T>(max_count));
+    return detail::sized("allgather_plan", max_count, ranks, [&] {
+      detail::check_raw_bytes(max_count, sizeof(T));
+      return detail::checked_mul(static_cast<std::size_t>(ranks), comm::round_to_line(Q::template compressed_bytes<T>(max_count)));
+    });
   }
 
   /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes.

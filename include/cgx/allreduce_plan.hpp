@@ -55,8 +55,9 @@ class allreduce_plan {
   using transport_type = X;      ///< the transport
 
   /// Bytes of workspace a plan for `max_count` values on `ranks` ranks needs.
+  /// Throws cgx::error(errc::invalid_argument) if that size overflows std::size_t.
   static std::size_t workspace_bytes(std::size_t max_count, int ranks) {
-    return schedule_type::workspace_bytes(max_count, ranks);
+    return detail::sized("allreduce_plan", max_count, ranks, [&] { return schedule_type::workspace_bytes(max_count, ranks); });
   }
 
   /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes, and picks
@@ -65,7 +66,7 @@ class allreduce_plan {
       : x_(std::move(transport)), max_count_(max_count), opts_(opts), sched_(x_) {
     validate_options();
     const std::size_t bytes = workspace_bytes(max_count_, x_.size());
-    owned_ = std::make_unique_for_overwrite<std::byte[]>(bytes == 0 ? 1 : bytes);
+    owned_ = detail::allocate_workspace(bytes, "allreduce_plan", max_count_, x_.size());
     ws_ = std::span<std::byte>(owned_.get(), bytes);
   }
 

@@ -46,8 +46,12 @@ class broadcast_plan : public detail::plan_base<X> {
   using transport_type = X;      ///< the transport
 
   /// Bytes of workspace for up to `max_count` values (any number of ranks).
-  static std::size_t workspace_bytes(std::size_t max_count, int /*ranks*/) {
-    return Q::template compressed_bytes<T>(max_count);
+  /// Throws cgx::error(errc::invalid_argument) if that size overflows std::size_t.
+  static std::size_t workspace_bytes(std::size_t max_count, int ranks) {
+    return detail::sized("broadcast_plan", max_count, ranks, [&] {
+      detail::check_raw_bytes(max_count, sizeof(T));
+      return Q::template compressed_bytes<T>(max_count);
+    });
   }
 
   /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes.

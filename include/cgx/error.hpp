@@ -9,12 +9,13 @@ namespace cgx {
 
 /// What went wrong, for callers that want to branch on it.
 enum class errc {
-  invalid_argument,  ///< a null buffer, a count above the plan's capacity, a bad option
+  invalid_argument,  ///< a null buffer, a count above the plan's capacity, a bad option, a capacity whose sizes overflow
   mismatch,          ///< ranks disagree on a collective's arguments (count, type, quantizer)
-  workspace,         ///< a caller-supplied workspace is too small for this plan
+  workspace,         ///< a caller-supplied workspace is too small for this plan, or the plan's own cannot be allocated
   communicator,      ///< a null or unusable communicator, or one of the wrong size
   transport,         ///< the transport (MPI, CUDA, ...) reported a failure
   cuda,              ///< a CUDA runtime call failed
+  corrupt,           ///< a received message is malformed or fails its integrity check
 };
 
 /// Thrown by every host entry point of cgx on bad input or a failed transport.

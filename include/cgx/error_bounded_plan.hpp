@@ -102,8 +102,9 @@ class error_bounded_plan : public detail::plan_base<X> {
   static double step_bound(double bound, int p) { return p > 1 ? bound / error_terms(p) : bound; }
 
   /// Bytes of workspace a plan for `max_count` values on `ranks` ranks needs.
+  /// Throws cgx::error(errc::invalid_argument) if that size overflows std::size_t.
   static std::size_t workspace_bytes(std::size_t max_count, int ranks) {
-    return schedule_type::workspace_bytes(max_count, ranks);
+    return detail::sized("error_bounded_plan", max_count, ranks, [&] { return schedule_type::workspace_bytes(max_count, ranks); });
   }
 
   /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes, and picks

@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -177,6 +178,10 @@ class layerwise_base {
   layerwise_base(X transport, std::size_t n, std::vector<layer> layers, layerwise_options opts)
       : x_(std::move(transport)), layout_(n, std::move(layers)), opts_(opts) {
     if (opts_.threads < 1) throw error(errc::invalid_argument, "layerwise_plan: threads must be >= 1");
+    sized("layerwise_plan", n, x_.size(), [&] {
+      check_raw_bytes(n, sizeof(T));
+      return n;
+    });
   }
   ~layerwise_base() = default;
 
@@ -260,7 +265,14 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
   /// for layers outside [0, n) or overlapping, or defaults outside the compiled set.
   layerwise_plan(X transport, std::size_t n, std::vector<layer> layers, layerwise_options opts = {})
       : base(std::move(transport), n, std::move(layers), opts) {
-    if (this->opts_.error_feedback) ef_ = error_feedback<T>(n);
+    if (this->opts_.error_feedback) {
+      try {
+        ef_ = error_feedback<T>(n);
+      } catch (const std::bad_alloc&) {
+        throw error(errc::workspace, "layerwise_plan: cannot allocate the error-feedback residuals of " +
+                                         std::to_string(n) + " values");
+      }
+    }
     this->init();
   }
 
@@ -293,9 +305,12 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
   }
 
   void reserve(std::size_t slot) {
-    const std::size_t need = 2 * static_cast<std::size_t>(this->x_.size()) * slot;
+    const int p = this->x_.size();
+    const std::size_t need = detail::sized("layerwise_plan", this->size(), p, [&] {
+      return detail::checked_mul(2 * static_cast<std::size_t>(p), slot);
+    });
     if (need > ws_bytes_) {
-      ws_ = std::make_unique_for_overwrite<std::byte[]>(need);
+      ws_ = detail::allocate_workspace(need, "layerwise_plan", this->size(), p);
       ws_bytes_ = need;
     }
     slot_ = slot;

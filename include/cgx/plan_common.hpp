@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "detail/checked.hpp"
 #include "error.hpp"
 #include "quant/rounding.hpp"
 
@@ -249,9 +250,9 @@ class plan_base {
   /// Claims the plan for one call (throws if another thread is in a call of it).
   [[nodiscard]] call_guard claim() { return call_guard(busy_, who_); }
 
-  /// Allocates `bytes` of workspace.
+  /// Allocates `bytes` of workspace; throws cgx::error(errc::workspace) if that fails.
   void own_workspace(std::size_t bytes) {
-    owned_ = std::make_unique_for_overwrite<std::byte[]>(bytes == 0 ? 1 : bytes);
+    owned_ = allocate_workspace(bytes, who_, max_count_, x_.size());
     ws_ = std::span<std::byte>(owned_.get(), bytes);
   }
 

@@ -53,8 +53,9 @@ class reduce_scatter_plan : public detail::plan_base<X> {
   using transport_type = X;      ///< the transport
 
   /// Bytes of workspace a plan for `max_count` values on `ranks` ranks needs.
+  /// Throws cgx::error(errc::invalid_argument) if that size overflows std::size_t.
   static std::size_t workspace_bytes(std::size_t max_count, int ranks) {
-    return schedule_type::workspace_bytes(max_count, ranks);
+    return detail::sized("reduce_scatter_plan", max_count, ranks, [&] { return schedule_type::workspace_bytes(max_count, ranks); });
   }
 
   /// The values [begin, begin + count) that rank r of p receives for a buffer of n.

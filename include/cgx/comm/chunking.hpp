@@ -16,12 +16,18 @@ struct chunk {
 };
 
 /// Chunk `r` of `parts` chunks of a buffer of n values, cut at multiples of `granule`.
+/// Chunk r starts at unit floor(units r / parts) (units = ceil(n / granule)), computed
+/// without forming units r, so that no n (up to SIZE_MAX) wraps.
 constexpr chunk chunk_of(std::size_t n, int parts, int r, std::size_t granule) {
-  const std::size_t units = (n + granule - 1) / granule;
-  const std::size_t u0 = units * static_cast<std::size_t>(r) / static_cast<std::size_t>(parts);
-  const std::size_t u1 = units * static_cast<std::size_t>(r + 1) / static_cast<std::size_t>(parts);
-  const std::size_t b = std::min(n, u0 * granule);
-  const std::size_t e = std::min(n, u1 * granule);
+  const std::size_t units = n / granule + (n % granule != 0 ? 1 : 0);
+  const auto P = static_cast<std::size_t>(parts);
+  // units r / P = q r + (m r) / P with q = units / P, m = units % P; m r < P^2 fits.
+  auto cut = [&](std::size_t k) {
+    const std::size_t u = units / P * k + units % P * k / P;
+    return u > n / granule ? n : u * granule;  // u granule <= n whenever u <= n / granule
+  };
+  const std::size_t b = cut(static_cast<std::size_t>(r));
+  const std::size_t e = cut(static_cast<std::size_t>(r) + 1);
   return {b, e - b};
 }
 

@@ -27,6 +27,12 @@
 /// magnitudes, and, only where E / p is below half an ulp of T at the result (float
 /// data with a bound near float's precision), the rounding of the result to T.
 ///
+/// Every received message is decoded with its received length (varsize_exchange::
+/// received()), and must be consumed exactly: a malformed message, an empty one where
+/// values were expected, or one with bytes left over makes run() finish its exchanges
+/// (the peers are not left waiting) and then throw cgx::error(errc::corrupt) on the
+/// rank that received it. The decoder never reads past the received bytes.
+///
 /// Both give every rank the same bits (the owner decodes its own compressed sum; the
 /// allgather forwards bytes unchanged). On one rank nothing is sent or quantized.
 ///
@@ -38,8 +44,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "../detail/checked.hpp"
+#include "../error.hpp"
 #include "chunking.hpp"
 #include "ring.hpp"
 #include "scatter_reduce_allgather.hpp"
@@ -69,6 +78,39 @@ template <class Q>
 std::size_t eb_acc_bytes(std::size_t n, int p) {
   return round_to_line(largest_chunk(n, p, granule_of<Q>) * sizeof(double));
 }
+
+/// Decodes the message of `count` values received in in[0..bytes) into out (added to
+/// it with Add). Returns false if the message is malformed (error_bounded's decoder
+/// throws errc::corrupt; nothing is read past `bytes`) or longer than its values.
+template <class Q, bool Add, class Out>
+bool eb_decode(const std::byte* in, std::size_t bytes, std::size_t count, Out* out) {
+  try {
+    if constexpr (Add)
+      return Q::template decompress_add<Out>(in, bytes, count, out) == bytes;
+    else
+      return Q::template decompress<Out>(in, bytes, count, out) == bytes;
+  } catch (const error& e) {
+    if (e.code() != errc::corrupt) throw;
+    return false;
+  }
+}
+
+/// The first malformed message of a call: the schedule finishes its exchanges (so that
+/// the peers are not left waiting) and throws at the end.
+struct eb_corruption {
+  int peer = -1;  ///< rank the first malformed message came from, -1 if none
+  /// Notes a message from `from` that failed to decode (ok == false).
+  void note(bool ok, int from) noexcept {
+    if (!ok && peer < 0) peer = from;
+  }
+  /// Throws cgx::error(errc::corrupt) if a message was malformed.
+  void raise(int me) const {
+    if (peer >= 0)
+      throw error(errc::corrupt, "error_bounded_plan (rank " + std::to_string(me) + "): the message from rank " +
+                                     std::to_string(peer) +
+                                     " is malformed or its length does not match its values; the result is invalid");
+  }
+};
 }  // namespace detail
 
 /// SRA with variable-size messages (see the file comment).
@@ -83,8 +125,11 @@ struct error_bounded_schedule<scatter_reduce_allgather> {
   class schedule {
    public:
     /// 2 p compressed slots and a double accumulator for one chunk.
+    /// Throws cgx::error(errc::invalid_argument) if that size does not fit (detail/checked.hpp).
     static std::size_t workspace_bytes(std::size_t n, int p) {
-      return 2 * static_cast<std::size_t>(p) * detail::eb_slot_bytes<Q>(n, p) + detail::eb_acc_bytes<Q>(n, p);
+      cgx::detail::check_raw_bytes(n, sizeof(double));
+      return cgx::detail::checked_add(cgx::detail::checked_mul(2 * static_cast<std::size_t>(p), detail::eb_slot_bytes<Q>(n, p)),
+                                 detail::eb_acc_bytes<Q>(n, p));
     }
     /// The values of n that rank r of p owns (its chunk: bucket-aligned, balanced).
     static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule_of<Q>); }
@@ -103,6 +148,7 @@ struct error_bounded_schedule<scatter_reduce_allgather> {
       auto rslot = [&](int r) { return ws + static_cast<std::size_t>(p + r) * slot; };
       auto* acc = reinterpret_cast<double*>(ws + 2 * static_cast<std::size_t>(p) * slot);
       const chunk mine = chunk_of(n, p, me);
+      detail::eb_corruption bad;
       vx_.reset_sent();
 
       // 1. Scatter-reduce: each contribution within e of the input, summed in double.
@@ -120,10 +166,10 @@ struct error_bounded_schedule<scatter_reduce_allgather> {
       if (mine.count != 0) {
         for (std::size_t i = 0; i < mine.count; ++i) acc[i] = static_cast<double>(buf[mine.begin + i]);
         for (int r = 0; r < p; ++r)
-          if (r != me) Q::template decompress_add<double>(rslot(r), mine.count, acc);
+          if (r != me) bad.note(detail::eb_decode<Q, true>(rslot(r), vx_.received(r), mine.count, acc), r);
         // 2. The sum is quantized once, checked as decoded to T; the owner keeps the decoded bytes.
         mine_len = Q::template compress<double, T>(acc, mine.count, sslot(me), e);
-        Q::template decompress<T>(sslot(me), mine.count, buf + mine.begin);
+        Q::template decompress<T>(sslot(me), mine_len, mine.count, buf + mine.begin);
       }
 
       // 3. Allgather of the compressed sums.
@@ -138,9 +184,10 @@ struct error_bounded_schedule<scatter_reduce_allgather> {
       vx_.wait(x);
       for (int r = 0; r < p; ++r) {
         const chunk c = chunk_of(n, p, r);
-        if (r != me && c.count != 0) Q::template decompress<T>(rslot(r), c.count, buf + c.begin);
+        if (r != me && c.count != 0) bad.note(detail::eb_decode<Q, false>(rslot(r), vx_.received(r), c.count, buf + c.begin), r);
       }
       t.sent = vx_.sent();
+      bad.raise(me);
       return t;
     }
 
@@ -163,8 +210,11 @@ struct error_bounded_schedule<ring> {
   class schedule {
    public:
     /// p slots for the allgather, one send and one receive slot, a double accumulator.
+    /// Throws cgx::error(errc::invalid_argument) if that size does not fit (detail/checked.hpp).
     static std::size_t workspace_bytes(std::size_t n, int p) {
-      return (static_cast<std::size_t>(p) + 2) * detail::eb_slot_bytes<Q>(n, p) + detail::eb_acc_bytes<Q>(n, p);
+      cgx::detail::check_raw_bytes(n, sizeof(double));
+      return cgx::detail::checked_add(cgx::detail::checked_mul(static_cast<std::size_t>(p) + 2, detail::eb_slot_bytes<Q>(n, p)),
+                                 detail::eb_acc_bytes<Q>(n, p));
     }
     /// The values of n that rank r of p owns (its chunk: bucket-aligned, balanced).
     static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule_of<Q>); }
@@ -186,6 +236,7 @@ struct error_bounded_schedule<ring> {
       const int right = (me + 1) % p;
       const int left = (me + p - 1) % p;
       auto mod = [p](int v) { return ((v % p) + p) % p; };
+      detail::eb_corruption bad;
       vx_.reset_sent();
 
       // 1. Reduce-scatter: step 0 sends this rank's own chunk, later steps the running
@@ -203,7 +254,7 @@ struct error_bounded_schedule<ring> {
         vx_.wait(x);
         if (in.count != 0) {
           for (std::size_t i = 0; i < in.count; ++i) acc[i] = static_cast<double>(buf[in.begin + i]);
-          Q::template decompress_add<double>(rbuf, in.count, acc);
+          bad.note(detail::eb_decode<Q, true>(rbuf, vx_.received(left), in.count, acc), left);
         }
       }
 
@@ -211,8 +262,9 @@ struct error_bounded_schedule<ring> {
       const int own = mod(me + 1);
       const chunk mine = chunk_of(n, p, own);
       if (mine.count != 0) {
-        len_[static_cast<std::size_t>(own)] = Q::template compress<double, T>(acc, mine.count, gslot(own), e);
-        Q::template decompress<T>(gslot(own), mine.count, buf + mine.begin);
+        const std::size_t len = Q::template compress<double, T>(acc, mine.count, gslot(own), e);
+        len_[static_cast<std::size_t>(own)] = len;
+        Q::template decompress<T>(gslot(own), len, mine.count, buf + mine.begin);
       }
 
       // 3. Allgather: forward the compressed chunks unchanged.
@@ -229,10 +281,11 @@ struct error_bounded_schedule<ring> {
         vx_.wait(x);
         if (in.count != 0) {
           len_[static_cast<std::size_t>(cin)] = vx_.received(left);
-          Q::template decompress<T>(gslot(cin), in.count, buf + in.begin);
+          bad.note(detail::eb_decode<Q, false>(gslot(cin), vx_.received(left), in.count, buf + in.begin), left);
         }
       }
       t.sent = vx_.sent();
+      bad.raise(me);
       return t;
     }
 

@@ -65,6 +65,7 @@
 #include <vector>
 
 #include "../concepts.hpp"
+#include "../detail/checked.hpp"
 #include "../error.hpp"
 #include "../quant/host_exec.hpp"
 #include "../quant/rounding.hpp"
@@ -111,7 +112,9 @@ struct hierarchical {
     static constexpr std::size_t granule = granule_of<Q>;  ///< chunk boundaries fall on multiples of this many values
 
     /// An upper bound valid for any split of p ranks into nodes.
+    /// Throws cgx::error(errc::invalid_argument) if that size does not fit (detail/checked.hpp).
     static std::size_t workspace_bytes(std::size_t n, int p) {
+      cgx::detail::check_raw_bytes(n, sizeof(T));
       std::size_t a = 0, b = 0;
       for (int k = 1; k <= p; ++k) {
         a = std::max(a, intra_schedule::workspace_bytes(n, k));
@@ -356,8 +359,10 @@ struct hierarchical {
         std::size_t most = 0;
         for (int L = 2; L <= p; ++L) {
           const std::size_t m = largest_chunk(n, L, granule);
-          const std::size_t fused = fused_parts_offset(n, L) + static_cast<std::size_t>(L - 1) * round_to_line(m * sizeof(T));
-          const std::size_t packed = wire_q::lossless ? 0 : static_cast<std::size_t>(L + 2) * share_slot(n, L);
+          const std::size_t fused = cgx::detail::checked_add(
+              fused_parts_offset(n, L), cgx::detail::checked_mul(static_cast<std::size_t>(L - 1), round_to_line(m * sizeof(T))));
+          const std::size_t packed =
+              wire_q::lossless ? 0 : cgx::detail::checked_mul(static_cast<std::size_t>(L + 2), share_slot(n, L));
           most = std::max({most, fused, packed});
         }
         return most;

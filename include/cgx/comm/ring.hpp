@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "../concepts.hpp"
+#include "../detail/checked.hpp"
 #include "../quant/host_exec.hpp"
 #include "../quant/rounding.hpp"
 #include "chunking.hpp"
@@ -60,8 +61,10 @@ struct ring {
 
     /// p slots for the compressed chunks of the allgather, plus one send and one
     /// receive slot for the reduce-scatter.
+    /// Throws cgx::error(errc::invalid_argument) if that size does not fit (detail/checked.hpp).
     static std::size_t workspace_bytes(std::size_t n, int p) {
-      return (static_cast<std::size_t>(p) + 2) * slot_bytes(n, p);
+      cgx::detail::check_raw_bytes(n, sizeof(T));
+      return cgx::detail::checked_mul(static_cast<std::size_t>(p) + 2, slot_bytes(n, p));
     }
 
     /// Binds to the plan's transport; allocates only its own request lists.

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "../concepts.hpp"
+#include "../detail/checked.hpp"
 #include "chunking.hpp"
 #include "../quant/host_exec.hpp"
 #include "../quant/rounding.hpp"
@@ -60,7 +61,11 @@ struct scatter_reduce_allgather {
 
     /// Bytes of workspace for up to n values on p ranks: p slots each for what this rank
     /// sends, what it receives in the scatter-reduce, and what it receives in the allgather.
-    static std::size_t workspace_bytes(std::size_t n, int p) { return 3 * static_cast<std::size_t>(p) * slot_bytes(n, p); }
+    /// Throws cgx::error(errc::invalid_argument) if that size does not fit (detail/checked.hpp).
+    static std::size_t workspace_bytes(std::size_t n, int p) {
+      cgx::detail::check_raw_bytes(n, sizeof(T));
+      return cgx::detail::checked_mul(cgx::detail::checked_mul(3, static_cast<std::size_t>(p)), slot_bytes(n, p));
+    }
 
     /// Binds to the plan's transport; allocates only its own request lists.
     explicit schedule(X& x) {

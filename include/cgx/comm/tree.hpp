@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "../concepts.hpp"
+#include "../detail/checked.hpp"
 #include "../quant/host_exec.hpp"
 #include "../quant/rounding.hpp"
 #include "chunking.hpp"
@@ -64,9 +65,12 @@ struct tree {
 
     /// q slots for the compressed chunks, a receive slot of half the buffer, and (for
     /// the fold) a whole compressed buffer.
+    /// Throws cgx::error(errc::invalid_argument) if that size does not fit (detail/checked.hpp).
     static std::size_t workspace_bytes(std::size_t n, int p) {
+      cgx::detail::check_raw_bytes(n, sizeof(T));
       const int q = pow2(p);
-      return static_cast<std::size_t>(q) * slot_bytes(n, q) + 2 * whole_bytes(n);
+      return cgx::detail::checked_add(cgx::detail::checked_mul(static_cast<std::size_t>(q), slot_bytes(n, q)),
+                                 cgx::detail::checked_mul(2, whole_bytes(n)));
     }
 
     /// Binds to the plan's transport; allocates only its own request lists.

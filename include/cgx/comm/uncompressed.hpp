@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../concepts.hpp"
+#include "../detail/checked.hpp"
 #include "../quant/host_exec.hpp"
 #include "../quant/rounding.hpp"
 #include "chunking.hpp"
@@ -46,9 +47,11 @@ struct uncompressed {
 
     /// Bytes of workspace for up to n values on p ranks: the p - 1 incoming parts of
     /// this rank's chunk.
+    /// Throws cgx::error(errc::invalid_argument) if that size does not fit (detail/checked.hpp).
     static std::size_t workspace_bytes(std::size_t n, int p) {
+      cgx::detail::check_raw_bytes(n, sizeof(T));
       if (p <= 1) return 0;
-      return static_cast<std::size_t>(p - 1) * slot_bytes(n, p);
+      return cgx::detail::checked_mul(static_cast<std::size_t>(p - 1), slot_bytes(n, p));
     }
 
     /// Binds to the plan's transport; allocates only its own request lists.

@@ -59,10 +59,12 @@ class varsize_exchange {
     heads_.push_back(x.irecv(&recv_len_[p], sizeof(std::uint64_t), peer, tag));
   }
 
-  /// Completes every posted send and receive. Throws cgx::error(errc::transport) if a
-  /// message is longer than its receive's capacity (nothing is written past it; the
-  /// payload stays unreceived, so the transport is unusable afterwards: a bug, not an
-  /// input error, since plans size receives from the sender's upper bound).
+  /// Completes every posted send and receive. Throws cgx::error(errc::corrupt) if a
+  /// length header exceeds its receive's capacity (nothing is written past it; the
+  /// payload stays unreceived, so the transport is unusable afterwards). Plans size
+  /// receives from the sender's upper bound, so only a corrupt header or a peer running
+  /// another plan gets there. The payload itself is not checked here: received() gives
+  /// its length, which the caller's decoder must consume exactly.
   void wait(X& x) {
     x.wait_all(std::span(heads_));
     bool too_long = false;
@@ -78,7 +80,7 @@ class varsize_exchange {
     reqs_.clear();
     heads_.clear();
     peers_.clear();
-    if (too_long) throw error(errc::transport, "varsize_exchange: a message is longer than its receive buffer");
+    if (too_long) throw error(errc::corrupt, "varsize_exchange: a length header exceeds its receive buffer");
   }
 
   /// Length of the message received from `peer` in the last completed exchange.

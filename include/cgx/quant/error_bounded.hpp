@@ -36,6 +36,10 @@
 ///   tag 0xFF           : count raw f64 values (escape)
 /// ```
 ///
+/// No other tag is valid: a decoder given a tag above 0x40 + 44 or in 45..0x3F, or a
+/// stream shorter than its buckets' sizes, throws cgx::error(errc::corrupt) without
+/// reading past the bytes it was given.
+///
 /// Codes are a little-endian bit stream (bit k of the bucket's stream is bit k % 8 of
 /// byte k / 8), ceil(w m / 8) bytes for m codes. All multi-byte fields are
 /// little-endian and unaligned. The decoded value is `Out(base + double(q) * step)`,
@@ -81,8 +85,11 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
+
+#include "../error.hpp"
 
 namespace cgx::quant {
 
@@ -128,7 +135,7 @@ struct error_bounded {
   }
 
   /// Number of buckets for n values.
-  static constexpr std::size_t buckets(std::size_t n) noexcept { return (n + BucketSize - 1) / BucketSize; }
+  static constexpr std::size_t buckets(std::size_t n) noexcept { return n / BucketSize + (n % BucketSize != 0 ? 1 : 0); }
 
   /// Compresses in[0..n) into out (at least max_compressed_bytes<In>(n) bytes) so that
   /// decompress<Out> returns every value within `e` of its input (see the file comment);
@@ -156,17 +163,34 @@ struct error_bounded {
     return static_cast<std::size_t>(w - out);
   }
 
-  /// Decodes the stream at `in` (as written by compress for n values) into out[0..n);
-  /// returns the bytes read.
+  /// Decodes the stream of n values at in[0..bytes) (as written by compress) into
+  /// out[0..n); returns the bytes read (at most `bytes`: a caller that received a whole
+  /// message checks that it equals the message's length). Never reads past in + bytes:
+  /// throws cgx::error(errc::corrupt) if a bucket's tag is not one of the file comment's
+  /// or a bucket needs more bytes than are left; out[] then holds the buckets decoded
+  /// before it.
   template <class Out>
-  static std::size_t decompress(const std::byte* in, std::size_t n, Out* out) {
-    return decode<Out, false>(in, n, out);
+  static std::size_t decompress(const std::byte* in, std::size_t bytes, std::size_t n, Out* out) {
+    return decode<Out, false>(in, bytes, n, out);
   }
 
-  /// out[i] = Out(out[i] + decoded value i) for i in [0, n); returns the bytes read.
+  /// out[i] = Out(out[i] + decoded value i) for i in [0, n), from the stream at
+  /// in[0..bytes); returns the bytes read; throws cgx::error(errc::corrupt) as decompress.
   template <class Out>
-  static std::size_t decompress_add(const std::byte* in, std::size_t n, Out* out) {
-    return decode<Out, true>(in, n, out);
+  static std::size_t decompress_add(const std::byte* in, std::size_t bytes, std::size_t n, Out* out) {
+    return decode<Out, true>(in, bytes, n, out);
+  }
+
+  /// Bytes a bucket of `count` values with tag `tag` takes after its tag byte, or
+  /// SIZE_MAX for a tag no encoder writes (width above max_width, unused values).
+  static constexpr std::size_t body_bytes(std::uint8_t tag, std::size_t count) noexcept {
+    if (tag == escape_f32) return count * sizeof(float);
+    if (tag == escape_f64) return count * sizeof(double);
+    if (tag == 0) return sizeof(double);
+    if (tag <= max_width) return 2 * sizeof(double) + code_bytes(tag, count);
+    if (tag >= delta_tag && tag <= delta_tag + max_width)
+      return 4 * sizeof(double) + (tag == delta_tag ? 0 : code_bytes(tag - delta_tag, count - 1));
+    return std::numeric_limits<std::size_t>::max();
   }
 
   /// The value grid index q (< 2^45) of a coded bucket decodes to (exactly this
@@ -290,7 +314,9 @@ struct error_bounded {
     return w + count * sizeof(In);
   }
 
-  static std::size_t code_bytes(int width, std::size_t m) noexcept { return (static_cast<std::size_t>(width) * m + 7) / 8; }
+  static constexpr std::size_t code_bytes(int width, std::size_t m) noexcept {
+    return (static_cast<std::size_t>(width) * m + 7) / 8;
+  }
 
   /// Encodes one bucket; `scratch` holds `count` grid indices (8 bytes each).
   template <class In, class Out>
@@ -444,13 +470,26 @@ struct error_bounded {
       y[i] = decode_value<Out>(base, step, q);
   }
 
+  [[noreturn]] static void corrupt(std::size_t first, std::size_t at, std::size_t bytes, const char* what) {
+    throw error(errc::corrupt, "quant::error_bounded: the stream is malformed at the bucket of value " +
+                                   std::to_string(first) + " (byte " + std::to_string(at) + " of " +
+                                   std::to_string(bytes) + "): " + what);
+  }
+
   template <class Out, bool Add>
-  static std::size_t decode(const std::byte* in, std::size_t n, Out* y) {
+  static std::size_t decode(const std::byte* in, std::size_t bytes, std::size_t n, Out* y) {
     const std::byte* r = in;
     for (std::size_t first = 0; first < n; first += BucketSize) {
       const std::size_t count = std::min(BucketSize, n - first);
       Out* o = y + first;
+      // Each bucket's size follows from its tag and count: checked before it is read, so
+      // the loops below read only bytes that are there.
+      const auto at = static_cast<std::size_t>(r - in);
+      if (at == bytes) corrupt(first, at, bytes, "the stream ends before this bucket");
       const auto tag = static_cast<std::uint8_t>(*r++);
+      const std::size_t body = body_bytes(tag, count);
+      if (body == std::numeric_limits<std::size_t>::max()) corrupt(first, at, bytes, "no bucket has this tag");
+      if (body > bytes - at - 1) corrupt(first, at, bytes, "the stream ends inside this bucket");
       if (tag == escape_f32 || tag == escape_f64) {
         for (std::size_t i = 0; i < count; ++i)
           emit<Out, Add>(o, i, tag == escape_f32 ? static_cast<double>(get<float>(r)) : get<double>(r));
