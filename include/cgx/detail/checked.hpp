@@ -20,21 +20,23 @@
 
 namespace cgx::detail {
 
+/// Throws the overflow error of `a op b` (errc::invalid_argument).
+[[noreturn]] inline void throw_size_overflow(std::size_t a, const char* op, std::size_t b) {
+  throw error(errc::invalid_argument,
+              "size " + std::to_string(a) + op + std::to_string(b) + " overflows std::size_t");
+}
+
 /// a * b; throws cgx::error(errc::invalid_argument) if it does not fit in std::size_t.
 inline std::size_t checked_mul(std::size_t a, std::size_t b) {
   std::size_t r = 0;
-  if (__builtin_mul_overflow(a, b, &r))
-    throw error(errc::invalid_argument,
-                "size " + std::to_string(a) + " x " + std::to_string(b) + " overflows std::size_t");
+  if (__builtin_mul_overflow(a, b, &r)) throw_size_overflow(a, " x ", b);
   return r;
 }
 
 /// a + b; throws cgx::error(errc::invalid_argument) if it does not fit in std::size_t.
 inline std::size_t checked_add(std::size_t a, std::size_t b) {
   std::size_t r = 0;
-  if (__builtin_add_overflow(a, b, &r))
-    throw error(errc::invalid_argument,
-                "size " + std::to_string(a) + " + " + std::to_string(b) + " overflows std::size_t");
+  if (__builtin_add_overflow(a, b, &r)) throw_size_overflow(a, " + ", b);
   return r;
 }
 
