@@ -70,6 +70,13 @@
 #include <string>
 #include <vector>
 
+// The bucket sizes compiled in (CMake option CGX_BENCH_QUICK: 1024 alone, for CI builds).
+#if defined(CGX_BENCH_ONLY_1024)
+#define CGX_BENCH_BUCKETS 1024
+#else
+#define CGX_BENCH_BUCKETS 128, 512, 1024
+#endif
+
 namespace {
 
 struct options {
@@ -267,7 +274,7 @@ template <class T>
 runner make_runner(int bits, std::size_t max_count, const options& o) {
   if (bits == 8 * static_cast<int>(sizeof(T))) return with_reducer<T, cgx::quant::none>(max_count, o);
   return cgx::dispatch<1, 2, 4, 8>(bits, [&](auto b) -> runner {
-    return cgx::dispatch<128, 512, 1024>(o.bucket, [&](auto k) -> runner {
+    return cgx::dispatch<CGX_BENCH_BUCKETS>(o.bucket, [&](auto k) -> runner {
       constexpr int B = decltype(b)::value;
       constexpr std::size_t K = static_cast<std::size_t>(decltype(k)::value);
       if (o.rounding == "stochastic") return with_reducer<T, cgx::quant::maxmin<B, K, cgx::quant::stochastic>>(max_count, o);
@@ -281,7 +288,7 @@ template <class T>
 std::size_t wire_bytes(int bits, int bucket, std::size_t n) {
   if (bits == 8 * static_cast<int>(sizeof(T))) return n * sizeof(T);
   return cgx::dispatch<1, 2, 4, 8>(bits, [&](auto b) {
-    return cgx::dispatch<128, 512, 1024>(bucket, [&](auto k) {
+    return cgx::dispatch<CGX_BENCH_BUCKETS>(bucket, [&](auto k) {
       return cgx::quant::maxmin<decltype(b)::value, static_cast<std::size_t>(decltype(k)::value)>::template compressed_bytes<T>(n);
     });
   });
