@@ -91,6 +91,7 @@ class allreduce_plan {
     if (in_flight_.load(std::memory_order_relaxed))
       throw error(errc::invalid_argument, "allreduce_plan: a started reduction is still in flight; call wait() first");
     check(buf, n);
+    g.begin(x_);
     reduce(buf, n);
   }
 
@@ -114,6 +115,9 @@ class allreduce_plan {
         reduce(buf, n);
       } catch (...) {
         failure_ = std::current_exception();
+        // Tell the peers, as a blocking call's guard would (see detail::call_guard).
+        if constexpr (requires { x_.abort(errc::transport, std::string()); })
+          x_.abort(errc::transport, "allreduce_plan: a rank threw during the call");
       }
     });
     in_flight_.store(true, std::memory_order_release);
@@ -179,8 +183,9 @@ class allreduce_plan {
     sched_.run(buf, n, x_, ws_.data(), rng, quant::host_exec{opts_.threads});
   }
 
-  void validate_options() const {
+  void validate_options() {
     if (opts_.threads < 1) throw error(errc::invalid_argument, "allreduce_plan: plan_options::threads must be >= 1");
+    detail::apply_timeout(x_, opts_);
   }
 
   /// A number that differs between plans of different T, Q or R.

@@ -215,8 +215,10 @@ class layerwise_base {
     };
     if (resolve(opts_.check) == checking::local) {
       if (bad != 0) throw error(errc::invalid_argument, where() + local_message());
+      if constexpr (requires { x_.throw_if_failed(); }) x_.throw_if_failed();
       return;
     }
+    if constexpr (requires { x_.throw_if_failed(); }) x_.throw_if_failed();  // before the collective step
     std::array<std::int64_t, 3> v{sig_, -sig_, bad};
     x_.max_all(v);
     if (bad != 0) throw error(errc::invalid_argument, where() + local_message());
@@ -284,6 +286,7 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
   void operator()(T* buf, std::size_t n) {
     const detail::call_guard claimed(this->busy_, "layerwise_plan");
     this->check(buf, n);
+    claimed.begin(this->x_);
     run(buf, this->next_rng());
   }
 

@@ -8,9 +8,11 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <span>
@@ -26,8 +28,11 @@ namespace cgx {
 
 /// How much a plan checks before it moves data.
 enum class checking {
-  /// Only this rank's own arguments (null buffer, count above capacity). Free, but a
-  /// rank whose arguments differ from the others' is not detected and may hang.
+  /// Only this rank's own arguments (null buffer, count above capacity). Free; a rank
+  /// whose count differs from the others' is caught only where a message's length
+  /// betrays it (comm::mpi: errc::mismatch there, errc::peer_failed on the others, the
+  /// plan failed after), and otherwise may return wrong values or wait until
+  /// plan_options::timeout_ms.
   local,
   /// Also that every rank passed the same count and the same plan type: one small
   /// allreduce-like exchange per call (one network latency). A violation throws
@@ -89,6 +94,12 @@ struct plan_options {
   /// docs/threshold.md. Note that a network emulated on one host (all ranks on one
   /// machine, talking TCP) looks like one node: set the threshold explicitly there.
   std::size_t native_below_bytes = auto_threshold;
+  /// The longest a call may wait for its peers, in milliseconds; 0 (the default): no
+  /// limit, like MPI. Past it the waiting rank throws cgx::error(errc::timeout) naming
+  /// the ranks it waited for, tells its peers (who throw errc::timeout too), and the plan
+  /// is unusable from then on. Set it above the longest call you expect (a 1 GiB
+  /// allreduce over 1 Gbit/s takes seconds), e.g. 60000. Transports: comm::mpi, comm::shm.
+  std::uint32_t timeout_ms = 0;
 };
 
 namespace detail {
@@ -144,8 +155,10 @@ void check_call(X& x, checking level, const char* who, bool null_buffer, std::si
   };
   if (resolve(level) == checking::local) {
     if (bad != 0) throw error(errc::invalid_argument, where() + local_message());
+    if constexpr (requires { x.throw_if_failed(); }) x.throw_if_failed();
     return;
   }
+  if constexpr (requires { x.throw_if_failed(); }) x.throw_if_failed();  // before the collective step
   const auto sn = static_cast<std::int64_t>(n);
   std::array<std::int64_t, 5> v{sn, -sn, signature, -signature, bad};
   x.max_all(v);
@@ -186,23 +199,52 @@ inline void require_workspace(std::span<std::byte> ws, std::size_t need, const c
                                      std::to_string(ranks) + " ranks need " + std::to_string(need));
 }
 
+/// Gives the transport the plan's wait limit (plan_options::timeout_ms), where it takes one.
+template <class X>
+void apply_timeout(X& x, const plan_options& o) {
+  if constexpr (requires { x.set_wait_limit(std::chrono::milliseconds(1)); })
+    x.set_wait_limit(std::chrono::milliseconds(o.timeout_ms));
+}
+
 /// Claims a plan for one call, so that two threads never run one plan at once: the
 /// constructor sets the plan's `busy` flag or, if another thread holds it, throws
 /// cgx::error(errc::invalid_argument) at once, before any communication, leaving the
 /// other thread's call and the caller's buffer untouched. The destructor releases the
 /// flag and wakes `wait_idle`. Every call entry point of every plan makes one first.
+///
+/// Failure propagation: once a call's arguments are checked and its messages may start,
+/// the plan calls `begin(transport)`. If the call then throws, the destructor tells the
+/// peers through the transport's `abort` (where it has one: comm::mpi, comm::shm), so
+/// that they stop waiting for this rank and throw errc::peer_failed; the transport is
+/// failed from then on and every later call of the plan throws.
 class call_guard {
  public:
   /// Claims `busy` for the call of `who` (a plan name, for the message).
-  call_guard(std::atomic<bool>& busy, const char* who) : busy_(busy) {
+  call_guard(std::atomic<bool>& busy, const char* who)
+      : busy_(busy), who_(who), uncaught_(std::uncaught_exceptions()) {
     if (busy_.exchange(true, std::memory_order_acquire))
       throw error(errc::invalid_argument,
                   std::string(who) + ": called from two threads at once; a plan serves one call at a time (give "
                                      "each thread its own plan, over its own communicator); this call did nothing");
   }
   ~call_guard() {
+    if (abort_ != nullptr && std::uncaught_exceptions() > uncaught_) abort_(transport_, who_);
     busy_.store(false, std::memory_order_release);
     busy_.notify_all();
+  }
+
+  /// From here on, a throw out of the call is reported to the peers over `x` (see above).
+  template <class X>
+  void begin(X& x) const noexcept {
+    if constexpr (requires { x.abort(errc::transport, std::string()); }) {
+      transport_ = &x;
+      abort_ = [](void* t, const char* who) noexcept {
+        try {
+          static_cast<X*>(t)->abort(errc::transport, std::string(who) + ": a rank threw during the call");
+        } catch (...) {  // a message that cannot be built: the peers' wait limit is left
+        }
+      };
+    }
   }
   call_guard(const call_guard&) = delete;
   call_guard& operator=(const call_guard&) = delete;
@@ -216,6 +258,10 @@ class call_guard {
 
  private:
   std::atomic<bool>& busy_;
+  const char* who_;
+  int uncaught_;
+  mutable void* transport_ = nullptr;
+  mutable void (*abort_)(void*, const char*) noexcept = nullptr;
 };
 
 /// What the plans other than allreduce_plan share: the transport, the capacity, the
@@ -244,6 +290,7 @@ class plan_base {
   plan_base(X transport, std::size_t max_count, plan_options opts, const char* who)
       : x_(std::move(transport)), max_count_(max_count), opts_(opts), who_(who) {
     if (opts_.threads < 1) throw error(errc::invalid_argument, std::string(who_) + ": plan_options::threads must be >= 1");
+    apply_timeout(x_, opts_);
   }
   ~plan_base() = default;
 

@@ -5,13 +5,17 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "../error.hpp"
 
@@ -26,18 +30,46 @@ inline void check_mpi(int rc, const char* what) {
     throw cgx::error(errc::transport, std::string(what) + " failed: " + std::string(msg, static_cast<std::size_t>(len)));
   }
 }
+
+/// "1, 3 and 4": ranks for messages.
+inline std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) s += (i + 1 == ranks.size()) ? " and " : ", ";
+    s += std::to_string(ranks[i]);
+  }
+  return s;
+}
 }  // namespace detail
+
+/// How long a transport's waits may last before it gives up (plan_options::timeout).
+/// Zero: no limit.
+using wait_limit = std::chrono::milliseconds;
 
 /// Point-to-point transport over a caller-supplied communicator. The constructor
 /// duplicates the communicator (collective: every rank of `comm` must call it), so
 /// cgx's messages never match the caller's own; the duplicate is freed by the
 /// destructor (also collective in MPI's sense: call it before MPI_Finalize).
 /// Move-only. Host buffers only: Debian's Open MPI and MPICH are not CUDA-aware.
+///
+/// Failures: cgx's communicators return MPI's errors instead of aborting the job
+/// (MPI_ERRORS_RETURN), and a wait turns them into cgx::error: a message longer or
+/// shorter than the receive posted for it (ranks that disagree on a count) is
+/// errc::mismatch, any other MPI error errc::transport. A rank whose call fails tells
+/// its peers (`abort`), over a second duplicate of the communicator on which every
+/// wait also listens; a peer that hears it stops waiting and throws errc::peer_failed
+/// (errc::timeout if the failure was a timeout), naming the rank. With a wait limit
+/// (`set_wait_limit`, from plan_options::timeout) a wait that lasts longer throws
+/// errc::timeout naming the ranks it waited for, and tells the peers. After any of
+/// these the transport is failed: every later wait throws at once.
 class mpi {
  public:
   /// A pending send or receive; messages over 2 GiB travel in two parts.
   struct request {
     MPI_Request r[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  ///< the MPI requests (the second for the part above 2 GiB)
+    std::size_t bytes[2] = {0, 0};                            ///< bytes of each part (receives are checked)
+    int peer = -1;                                            ///< the other rank
+    bool send = false;                                        ///< a send (else a receive)
   };
 
   /// How ranks are grouped into nodes, for hierarchical reducers: by default the
@@ -62,14 +94,25 @@ class mpi {
     detail::check_mpi(MPI_Comm_test_inter(comm, &inter), "MPI_Comm_test_inter");
     if (inter) throw cgx::error(errc::communicator, "cgx::comm::mpi: inter-communicators are not supported");
     detail::check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    // The failure channel: its own communicator, one receive always posted.
+    fault_ = std::make_unique<fault_channel>();
+    detail::check_mpi(MPI_Comm_dup(comm_, &fault_->comm), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(fault_->comm, MPI_ERRORS_RETURN);
+    detail::check_mpi(MPI_Irecv(fault_->in, 2, MPI_INT, MPI_ANY_SOURCE, 0, fault_->comm, &fault_->listen), "MPI_Irecv");
   }
   mpi(const mpi&) = delete;
   mpi& operator=(const mpi&) = delete;
   /// Takes over o's communicator; o holds MPI_COMM_NULL after.
   mpi(mpi&& o) noexcept
-      : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_), node_color_(o.node_color_) {}
+      : comm_(std::exchange(o.comm_, MPI_COMM_NULL)),
+        rank_(o.rank_),
+        size_(o.size_),
+        node_color_(o.node_color_),
+        limit_(o.limit_),
+        fault_(std::move(o.fault_)) {}
   /// Frees this transport's communicator and takes over o's.
   mpi& operator=(mpi&& o) noexcept {
     if (this != &o) {
@@ -78,6 +121,8 @@ class mpi {
       rank_ = o.rank_;
       size_ = o.size_;
       node_color_ = o.node_color_;
+      limit_ = o.limit_;
+      fault_ = std::move(o.fault_);
     }
     return *this;
   }
@@ -169,9 +214,123 @@ class mpi {
     return q;
   }
 
-  /// Completes every request in `reqs`.
+  /// Bounds every later wait (zero: no bound). See the class comment.
+  void set_wait_limit(wait_limit limit) noexcept { limit_ = limit; }
+  /// The bound on waits; zero when there is none.
+  [[nodiscard]] wait_limit wait_limit_value() const noexcept { return limit_; }
+
+  /// Completes every request in `reqs`. Throws cgx::error: errc::mismatch for a message
+  /// whose length differs from its receive's, errc::peer_failed or errc::timeout when a
+  /// peer reported a failure, errc::timeout when the wait limit passed, errc::transport
+  /// for other MPI errors; and at once if this transport failed before.
   void wait_all(std::span<request> reqs) {
-    for (auto& q : reqs) detail::check_mpi(MPI_Waitall(2, q.r, MPI_STATUSES_IGNORE), "MPI_Waitall");
+    if (fault_->failed) throw cgx::error(fault_->code, fault_->what);
+    auto& live = fault_->live;
+    auto& which = fault_->which;
+    live.clear();
+    which.clear();
+    for (std::size_t i = 0; i < reqs.size(); ++i)
+      for (int k = 0; k < 2; ++k)
+        if (reqs[i].r[k] != MPI_REQUEST_NULL) {
+          live.push_back(reqs[i].r[k]);
+          which.push_back(static_cast<int>(2 * i + static_cast<std::size_t>(k)));
+        }
+    std::size_t left = live.size();
+    if (left == 0) return;
+    live.push_back(fault_->listen);  // last: a peer's failure report
+    const auto t0 = std::chrono::steady_clock::now();
+    int idle = 0;
+    while (left > 0) {
+      int idx = MPI_UNDEFINED;
+      int flag = 0;
+      MPI_Status st;
+      int rc;
+      if (limit_.count() == 0) {
+        rc = MPI_Waitany(static_cast<int>(live.size()), live.data(), &idx, &st);
+        flag = 1;
+      } else {
+        rc = MPI_Testany(static_cast<int>(live.size()), live.data(), &idx, &flag, &st);
+      }
+      if (rc != MPI_SUCCESS && (idx == MPI_UNDEFINED || idx + 1 == static_cast<int>(live.size())))
+        fail_wait(reqs, errc::transport, rc, "MPI_Waitany");
+      if (!flag || idx == MPI_UNDEFINED) {
+        if (std::chrono::steady_clock::now() - t0 > limit_) timed_out(reqs);
+        if (++idle > 64) std::this_thread::yield();  // ranks may outnumber cores
+        continue;
+      }
+      idle = 0;
+      if (idx + 1 == static_cast<int>(live.size())) peer_reported(reqs);
+      const int slot = which[static_cast<std::size_t>(idx)];
+      request& q = reqs[static_cast<std::size_t>(slot / 2)];
+      const int part = slot % 2;
+      q.r[part] = MPI_REQUEST_NULL;
+      --left;
+      if (rc != MPI_SUCCESS) {
+        const int err = rc;
+        int cls = 0;
+        MPI_Error_class(err, &cls);
+        if (cls == MPI_ERR_TRUNCATE)
+          fail_wait(reqs, errc::mismatch, err,
+                    "a message from rank " + std::to_string(q.peer) + " is longer than the " +
+                        std::to_string(q.bytes[part]) + " bytes this rank expects (the ranks disagree on the count "
+                        "or the plan)");
+        fail_wait(reqs, errc::transport, err, q.send ? "MPI_Isend" : "MPI_Irecv");
+      }
+      if (!q.send) {
+        MPI_Count got = 0;
+        MPI_Get_elements_x(&st, MPI_BYTE, &got);
+        if (got != static_cast<MPI_Count>(q.bytes[part]))
+          fail_wait(reqs, errc::mismatch, MPI_SUCCESS,
+                    "a message from rank " + std::to_string(q.peer) + " holds " + std::to_string(got) + " bytes where this rank "
+                    "expects " + std::to_string(q.bytes[part]) + " (the ranks disagree on the count or the plan)");
+      }
+    }
+  }
+
+  /// Tells every peer that this rank's call failed with `code` (they throw
+  /// errc::peer_failed, or errc::timeout for a timeout, at their next wait), and fails
+  /// this transport. Called by a plan when a call throws after its messages began;
+  /// idempotent; never throws.
+  void abort(errc code, const std::string& why) noexcept {
+    if (!fault_ || fault_->told) return;
+    fault_->told = true;
+    if (!fault_->failed) {
+      fault_->failed = true;
+      fault_->code = code;
+      fault_->what = why;
+    }
+    fault_->out[0] = rank_;
+    fault_->out[1] = static_cast<int>(code);
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      MPI_Request q = MPI_REQUEST_NULL;
+      // Two ints: MPI sends them eagerly; the buffer lives as long as the transport.
+      if (MPI_Isend(fault_->out, 2, MPI_INT, r, 0, fault_->comm, &q) == MPI_SUCCESS) fault_->sent.push_back(q);
+    }
+  }
+
+  /// True once a wait failed, a peer reported a failure, or abort() was called.
+  [[nodiscard]] bool failed() const noexcept { return fault_ && fault_->failed; }
+
+  /// Throws the failure of an earlier call (cgx::error with its code), or a peer's report
+  /// that has arrived since (errc::peer_failed or errc::timeout); returns if there is
+  /// none. What a plan calls before a call's first collective step.
+  void throw_if_failed() {
+    if (!fault_->failed && fault_->listen != MPI_REQUEST_NULL) {
+      int flag = 0;
+      MPI_Test(&fault_->listen, &flag, MPI_STATUS_IGNORE);
+      if (flag) {
+        fault_->listen = MPI_REQUEST_NULL;
+        const bool timeout = static_cast<errc>(fault_->in[1]) == errc::timeout;
+        fault_->failed = true;
+        fault_->told = true;  // the reporting rank told everyone
+        fault_->code = timeout ? errc::timeout : errc::peer_failed;
+        fault_->what = "cgx::comm::mpi (rank " + std::to_string(rank_) + "): rank " + std::to_string(fault_->in[0]) +
+                       (timeout ? " timed out" : " failed") + " inside a collective call";
+      }
+    }
+    if (fault_->failed)
+      throw cgx::error(fault_->code, fault_->what + "; the plan cannot be used after that (build a new one)");
   }
 
   /// Lets MPI move the messages in flight: a rendezvous send waits for the receiver's
@@ -191,7 +350,85 @@ class mpi {
  private:
   static constexpr std::size_t block = std::size_t{1} << 30;
 
+  /// The state of the failure channel, on the heap: MPI writes into `in` while the
+  /// transport object may move.
+  struct fault_channel {
+    MPI_Comm comm = MPI_COMM_NULL;
+    MPI_Request listen = MPI_REQUEST_NULL;  // always posted: a peer's report
+    int in[2] = {0, 0};                     // the report: failed rank, errc
+    int out[2] = {0, 0};                    // this rank's report
+    std::vector<MPI_Request> sent;          // this rank's reports in flight
+    bool failed = false;                    // every later wait throws
+    bool told = false;                      // this rank told its peers
+    errc code = errc::transport;
+    std::string what;
+    std::vector<MPI_Request> live;  // scratch of wait_all
+    std::vector<int> which;
+  };
+
+  /// Records the failure, cancels the requests of `reqs` still pending, tells the peers
+  /// and throws.
+  [[noreturn]] void fail_wait(std::span<request> reqs, errc code, int rc, const std::string& what) {
+    std::string msg = "cgx::comm::mpi (rank " + std::to_string(rank_) + "): " + what;
+    if (rc != MPI_SUCCESS && code == errc::transport) {
+      char text[MPI_MAX_ERROR_STRING];
+      int len = 0;
+      MPI_Error_string(rc, text, &len);
+      msg += " failed: " + std::string(text, static_cast<std::size_t>(len));
+    }
+    cancel(reqs);
+    abort(code, msg);
+    throw cgx::error(code, msg);
+  }
+
+  /// A peer's report arrived: fail with its code, naming it.
+  [[noreturn]] void peer_reported(std::span<request> reqs) {
+    const int who = fault_->in[0];
+    const auto code = static_cast<errc>(fault_->in[1]);
+    const bool timeout = code == errc::timeout;
+    const std::string msg = "cgx::comm::mpi (rank " + std::to_string(rank_) + "): rank " + std::to_string(who) +
+                            (timeout ? " timed out" : " failed") + " inside this collective call (" +
+                            (timeout ? "its wait limit passed" : "it threw") + "); this call stopped waiting";
+    fault_->failed = true;
+    fault_->code = timeout ? errc::timeout : errc::peer_failed;
+    fault_->what = msg;
+    fault_->listen = MPI_REQUEST_NULL;  // completed by MPI_Waitany
+    cancel(reqs);
+    abort(fault_->code, msg);  // peers that wait on this rank only hear it from here
+    throw cgx::error(fault_->code, msg);
+  }
+
+  /// The wait limit passed: fail, naming the ranks still waited for.
+  [[noreturn]] void timed_out(std::span<request> reqs) {
+    std::vector<int> peers;
+    for (const auto& q : reqs)
+      if ((q.r[0] != MPI_REQUEST_NULL || q.r[1] != MPI_REQUEST_NULL) &&
+          std::find(peers.begin(), peers.end(), q.peer) == peers.end())
+        peers.push_back(q.peer);
+    std::sort(peers.begin(), peers.end());
+    fail_wait(reqs, errc::timeout, MPI_SUCCESS,
+              "waited more than " + std::to_string(limit_.count()) + " ms (plan_options::timeout) for rank" +
+                  (peers.size() == 1 ? " " : "s ") + detail::rank_list(peers));
+  }
+
+  /// Cancels what is pending in `reqs`: receives are cancelled and completed; sends are
+  /// cancelled where MPI can and otherwise left to finish on their own.
+  void cancel(std::span<request> reqs) noexcept {
+    for (auto& q : reqs)
+      for (auto& r : q.r) {
+        if (r == MPI_REQUEST_NULL) continue;
+        MPI_Cancel(&r);
+        if (q.send)
+          MPI_Request_free(&r);
+        else
+          MPI_Wait(&r, MPI_STATUS_IGNORE);
+        r = MPI_REQUEST_NULL;
+      }
+  }
+
   void post(request& q, void* buf, std::size_t bytes, int peer, int tag, bool send) {
+    q.peer = peer;
+    q.send = send;
     auto start = [&](void* p, int count, MPI_Datatype t, MPI_Request* r) {
       if (send)
         detail::check_mpi(MPI_Isend(p, count, t, peer, tag, comm_, r), "MPI_Isend");
@@ -199,6 +436,7 @@ class mpi {
         detail::check_mpi(MPI_Irecv(p, count, t, peer, tag, comm_, r), "MPI_Irecv");
     };
     if (bytes <= static_cast<std::size_t>(INT_MAX)) {
+      q.bytes[0] = bytes;
       start(buf, static_cast<int>(bytes), MPI_BYTE, &q.r[0]);
       return;
     }
@@ -208,15 +446,26 @@ class mpi {
     detail::check_mpi(MPI_Type_contiguous(static_cast<int>(block), MPI_BYTE, &big), "MPI_Type_contiguous");
     MPI_Type_commit(&big);
     const std::size_t nblocks = bytes / block;
+    q.bytes[0] = nblocks * block;
+    q.bytes[1] = bytes - nblocks * block;
     start(buf, static_cast<int>(nblocks), big, &q.r[0]);
     MPI_Type_free(&big);
     start(static_cast<char*>(buf) + nblocks * block, static_cast<int>(bytes - nblocks * block), MPI_BYTE, &q.r[1]);
   }
 
   void release() noexcept {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (fault_ && !finalized) {
+      if (fault_->listen != MPI_REQUEST_NULL) {
+        MPI_Cancel(&fault_->listen);
+        MPI_Wait(&fault_->listen, MPI_STATUS_IGNORE);
+      }
+      for (auto& q : fault_->sent) MPI_Request_free(&q);
+      if (fault_->comm != MPI_COMM_NULL) MPI_Comm_free(&fault_->comm);
+    }
+    fault_.reset();
     if (comm_ != MPI_COMM_NULL) {
-      int finalized = 0;
-      MPI_Finalized(&finalized);
       if (!finalized) MPI_Comm_free(&comm_);
       comm_ = MPI_COMM_NULL;
     }
@@ -226,6 +475,8 @@ class mpi {
   int rank_ = 0;
   int size_ = 1;
   int node_color_ = -1;
+  wait_limit limit_{0};
+  std::unique_ptr<fault_channel> fault_;
 };
 
 }  // namespace cgx::comm

@@ -30,6 +30,14 @@
 /// that the peers in its pid namespace are still alive, and throws
 /// cgx::error(errc::transport, "... peer rank N (pid P) died ...") when one is gone,
 /// instead of waiting forever. (An MPI launcher usually tears the job down first.)
+///
+/// Failures: as comm::mpi (whose failure channel it uses): a rank whose call fails tells
+/// its peers (`abort`); a waiting rank hears it within 100 ms and throws
+/// errc::peer_failed (errc::timeout for a peer's timeout); a wait limit
+/// (`set_wait_limit`, plan_options::timeout_ms) bounds every wait (errc::timeout naming
+/// the ranks waited for). A waiting rank listens only when it may call MPI: MPI
+/// initialized with MPI_THREAD_MULTIPLE, or the wait runs on MPI's main thread (a
+/// start()ed reduction under a lower level hears peers only through its wait limit).
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -199,6 +207,7 @@ class shm {
       blocked_send_ = std::move(o.blocked_send_);
       blocked_recv_ = std::move(o.blocked_recv_);
       peer_pid_ = std::move(o.peer_pid_);
+      limit_ = o.limit_;
     }
     return *this;
   }
@@ -234,12 +243,14 @@ class shm {
   /// cgx::error(errc::transport) if a peer that this rank waits for has died (checked
   /// every 100 ms of waiting; see the file comment).
   void wait_all(std::span<request> reqs) {
+    if (base_comm_->failed()) base_comm_->throw_if_failed();
     auto done = [&] {
       for (const auto& r : reqs)
         if (r.id != 0 && !is_complete(r.id)) return false;
       return true;
     };
     int idle = 0;
+    const auto t0 = std::chrono::steady_clock::now();
     auto last_check = std::chrono::steady_clock::time_point{};
     while (!done()) {
       if (progress()) {
@@ -252,7 +263,9 @@ class shm {
         } else if (now - last_check > std::chrono::milliseconds(100)) {
           last_check = now;
           check_peers_alive();
+          if (may_call_mpi()) base_comm_->throw_if_failed();
         }
+        if (limit_.count() > 0 && now - t0 > limit_) timed_out(reqs);
       }
     }
     for (auto& r : reqs) {
@@ -260,6 +273,16 @@ class shm {
       r.id = 0;
     }
   }
+
+  /// Bounds every later wait (zero: no bound). See the file comment.
+  void set_wait_limit(wait_limit limit) noexcept { limit_ = limit; }
+
+  /// Tells every peer that this rank's call failed (see comm::mpi::abort); never throws.
+  void abort(errc code, const std::string& why) noexcept { base_comm_->abort(code, why); }
+  /// True once a wait failed, a peer's failure was heard, or abort() was called.
+  [[nodiscard]] bool failed() const noexcept { return base_comm_ && base_comm_->failed(); }
+  /// Throws an earlier failure, or a peer's report that has arrived (see comm::mpi).
+  void throw_if_failed() { base_comm_->throw_if_failed(); }
 
   /// Collective element-wise maximum over all ranks, through the segment. Uses the
   /// rings like a message exchange with rank 0 (gather, then broadcast).
@@ -342,6 +365,35 @@ class shm {
            std::to_string(static_cast<unsigned long long>(v.f_blocks) * unit);
   }
 
+  /// Whether this thread may call MPI now (to hear a peer's failure report).
+  static bool may_call_mpi() noexcept {
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    if (level == MPI_THREAD_MULTIPLE) return true;
+    int main = 0;
+    MPI_Is_thread_main(&main);
+    return main != 0;
+  }
+
+  /// The wait limit passed: tell the peers and throw, naming the ranks waited for.
+  [[noreturn]] void timed_out(std::span<request> reqs) {
+    std::vector<int> peers;
+    for (const auto& o : pending_)
+      if (std::any_of(reqs.begin(), reqs.end(), [&](const request& r) { return r.id == o.id; }) &&
+          std::find(peers.begin(), peers.end(), o.peer) == peers.end())
+        peers.push_back(o.peer);
+    std::sort(peers.begin(), peers.end());
+    fail(errc::timeout, "waited more than " + std::to_string(limit_.count()) + " ms (plan_options::timeout) for rank" +
+                            (peers.size() == 1 ? " " : "s ") + detail::rank_list(peers));
+  }
+
+  /// Tells the peers and throws.
+  [[noreturn]] void fail(errc code, const std::string& what) {
+    const std::string msg = "cgx::comm::shm (rank " + std::to_string(rank_) + "): " + what;
+    base_comm_->abort(code, msg);
+    throw cgx::error(code, msg);
+  }
+
   /// Throws if a transfer this rank waits for can no longer complete because its peer
   /// died. (A peer may exit once its sends are in the rings: only a transfer that is
   /// still pending after the dead peer's last bytes are drained is an error.)
@@ -355,9 +407,8 @@ class shm {
       while (progress()) {
       }
       if (pending_with(r))
-        throw cgx::error(errc::transport, "cgx::comm::shm (rank " + std::to_string(rank_) + "): peer rank " +
-                                              std::to_string(r) + " (pid " + std::to_string(pid) +
-                                              ") died while this rank waited for a transfer with it");
+        fail(errc::transport, "peer rank " + std::to_string(r) + " (pid " + std::to_string(pid) +
+                                  ") died while this rank waited for a transfer with it");
     }
   }
 
@@ -514,6 +565,7 @@ class shm {
   std::deque<op> pending_;
   std::vector<std::uint64_t> completed_;
   std::vector<char> blocked_send_, blocked_recv_;  // per peer, scratch of progress()
+  wait_limit limit_{0};
   std::vector<pid_t> peer_pid_;  // per rank: its pid if it shares this rank's pid namespace, else 0 (and 0 for self)
 };
 

@@ -1,0 +1,133 @@
+// Issue 18, item 2: a failure inside a collective call reaches every rank as a
+// cgx::error, nothing hangs, and the plan is unusable afterwards. Runs under Open MPI
+// and MPICH (scripts/test stages 1 and 4).
+#include <doctest/doctest.h>
+
+#include <cgx/cgx.hpp>
+
+#include <mpi.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mpi_test_util.hpp"
+
+namespace {
+using SRA = cgx::comm::scatter_reduce_allgather;
+using Ring = cgx::comm::ring;
+using Q4 = cgx::quant::maxmin<4, 1024, cgx::quant::stochastic>;
+
+// -1 for "no error", else the errc as an int; gathered so every rank sees every code.
+std::vector<int> gather_codes(const std::optional<cgx::errc>& c) {
+  const int mine = c ? static_cast<int>(*c) : -1;
+  std::vector<int> all(static_cast<std::size_t>(cgx_test::world_size()));
+  MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  return all;
+}
+
+cgx::plan_options local_checks(std::uint32_t timeout_ms = 0) {
+  cgx::plan_options o = cgx_test::schedule_always();
+  o.check = cgx::checking::local;  // the release default: no collective comparison
+  o.timeout_ms = timeout_ms;
+  return o;
+}
+
+// One rank passes a smaller count with local checking. The ranks that receive a message
+// of the wrong length throw errc::mismatch, the others hear of it (errc::peer_failed) or
+// finished before it; no rank hangs, and every rank's next call throws.
+template <class R, class X>
+void mismatched_counts(X x) {
+  const int r = cgx_test::world_rank();
+  const int p = cgx_test::world_size();
+  const std::size_t n = 50000;
+  cgx::allreduce_plan<float, Q4, R, X> plan{std::move(x), n, local_checks()};
+  auto v = cgx_test::inputs<float>(r, n);
+  const auto code = cgx_test::error_code_of([&] { plan(v.data(), r == p - 1 ? n - 1000 : n); });
+  const auto codes = gather_codes(code);
+  int mismatches = 0;
+  for (int c : codes) {
+    CHECK((c == -1 || c == static_cast<int>(cgx::errc::mismatch) || c == static_cast<int>(cgx::errc::peer_failed)));
+    if (c == static_cast<int>(cgx::errc::mismatch)) ++mismatches;
+  }
+  CHECK(mismatches >= 1);
+  // The plan is failed on every rank: the next call throws (at once, or when it hears the
+  // report it has not heard yet), and does not hang.
+  const auto next = cgx_test::error_code_of([&] { plan(v.data(), n); });
+  CHECK(next.has_value());
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// The last rank never calls: every other rank throws errc::timeout within the limit (the
+// first to give up names the rank it waited for and tells the others).
+template <class X>
+void absent_rank(X x) {
+  const int r = cgx_test::world_rank();
+  const int p = cgx_test::world_size();
+  const std::size_t n = 20000;
+  cgx::allreduce_plan<float, Q4, SRA, X> plan{std::move(x), n, local_checks(1500)};
+  auto v = cgx_test::inputs<float>(r, n);
+  std::optional<cgx::errc> code;
+  std::string what;
+  const double t0 = MPI_Wtime();
+  if (r != p - 1) {
+    try {
+      plan(v.data(), n);
+    } catch (const cgx::error& e) {
+      code = e.code();
+      what = e.what();
+    }
+  }
+  const double waited = MPI_Wtime() - t0;
+  const auto codes = gather_codes(code);
+  for (int q = 0; q + 1 < p; ++q) CHECK(codes[static_cast<std::size_t>(q)] == static_cast<int>(cgx::errc::timeout));
+  if (r != p - 1) {
+    CHECK(waited < 30.0);
+    INFO(what);
+    CHECK(what.find("rank") != std::string::npos);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+}  // namespace
+
+TEST_CASE("mismatched counts under local checking (comm::mpi, SRA): an error on every rank, no abort, no hang") {
+  if (cgx_test::world_size() < 2) return;
+  mismatched_counts<SRA>(cgx::comm::mpi{MPI_COMM_WORLD});
+}
+
+TEST_CASE("mismatched counts under local checking (comm::mpi, ring): an error on every rank, no hang") {
+  if (cgx_test::world_size() < 2) return;
+  mismatched_counts<Ring>(cgx::comm::mpi{MPI_COMM_WORLD});
+}
+
+TEST_CASE("a rank that never calls (comm::mpi): the others throw errc::timeout") {
+  if (cgx_test::world_size() < 2) return;
+  absent_rank(cgx::comm::mpi{MPI_COMM_WORLD});
+}
+
+TEST_CASE("a rank that never calls (comm::shm): the others throw errc::timeout") {
+  if (cgx_test::world_size() < 2) return;
+  absent_rank(cgx::comm::shm{MPI_COMM_WORLD});
+}
+
+TEST_CASE("a failed plan reports the failure at every later call; a new plan works") {
+  const int r = cgx_test::world_rank();
+  const int p = cgx_test::world_size();
+  if (p < 2) return;
+  const std::size_t n = 30000;
+  auto v = cgx_test::inputs<float>(r, n);
+  {
+    cgx::allreduce_plan<float, Q4, SRA, cgx::comm::mpi> plan{cgx::comm::mpi{MPI_COMM_WORLD}, n, local_checks()};
+    (void)cgx_test::error_code_of([&] { plan(v.data(), r == 0 ? n / 2 : n); });
+    MPI_Barrier(MPI_COMM_WORLD);  // every report has been sent
+    for (int k = 0; k < 2; ++k) CHECK(cgx_test::error_code_of([&] { plan(v.data(), n); }).has_value());
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  // A new plan over the same MPI communicator is unaffected by the old one's reports.
+  cgx::allreduce_plan<double, cgx::quant::none, SRA, cgx::comm::mpi> fresh{cgx::comm::mpi{MPI_COMM_WORLD}, n,
+                                                                          local_checks()};
+  auto w = cgx_test::integer_inputs<double>(r, n);
+  const auto want = cgx_test::mpi_sum(w);
+  fresh(w.data(), n);
+  CHECK(w == want);
+}
