@@ -1,7 +1,8 @@
 // layerwise_plan over MPI, at whatever rank count the test runs with (1..4): mixed
 // bits, uncompressed small and one-dimensional layers, the cut into chunks, identical
 // bits on all ranks, settings changes, error feedback and bad input. Expected values
-// are computed from size().
+// are computed from size(). At the end, the layer-wise cases of issue 17's "same bits"
+// checksums (checksums.hpp): here, where the plan's codecs are compiled anyway.
 #include <doctest/doctest.h>
 
 #include <cgx/cgx.hpp>
@@ -12,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "checksums.hpp"
 #include "mpi_test_util.hpp"
 
 namespace {
@@ -420,4 +422,57 @@ TEST_CASE("bad input throws cgx::error and leaves the buffer untouched") {
   }
   plan(x.data(), model_size);  // still usable
   CHECK(layers_identical(x, ls));
+}
+
+namespace {
+// A fused buffer of layers of many sizes, a gap, layers out of offset order; mixed
+// settings: widths 1..8 at every bucket, uncompressed layers.
+std::vector<layer> checksum_layers() {
+  return {{0, 5000, false},    {5000, 100, true}, {5100, 700, false},    {9000, 3001, false},
+          {5800, 3000, false}, {12001, 1, true},  {12100, 2500, false}, {14600, 40000, false}};
+}
+constexpr std::size_t checksum_size = 54600;
+std::vector<layer_setting> checksum_settings() {
+  return {{1, 128}, {0, 1024}, {8, 512}, {3, 1024}, {5, 128}, {0, 1024}, {7, 512}, {2, 1024}};
+}
+
+// Three calls of a layer-wise plan: with the mixed settings, or (adaptive) with the
+// settings adaptive_bits assigns from each result. One case: the hash of the three outputs.
+template <class T, class X, class Rounding>
+void layerwise_checksum(const std::string& what, cgx::layerwise_options o, bool adaptive) {
+  using namespace cgx_checksums;
+  const int r = world_rank();
+  const auto ls = checksum_layers();
+  o.check = cgx::checking::collective;
+  cgx::layerwise_plan<T, X, Rounding> plan{make<X>(), checksum_size, ls, o};
+  cgx::adaptive_bits ad{ls, plan.settings()};
+  if (!adaptive) plan.set_settings(checksum_settings());
+  fnv1a h;
+  for (int c = 0; c < 3; ++c) {
+    auto v = input<T>(r, checksum_size, 77 + static_cast<std::size_t>(c));
+    plan(v.data(), checksum_size);
+    h.add(v.data(), checksum_size);
+    if (adaptive) {
+      ad.observe(v.data());
+      plan.set_settings(ad.assign());
+    }
+  }
+  const bool s = std::is_same_v<Rounding, cgx::quant::stochastic>;
+  record("layerwise/" + what + "/" + (s ? "s" : "n") + "/" + tname<T>() + "/" + xname<X>(), h.h);
+}
+}  // namespace
+
+TEST_CASE("same bits (issue 17): layerwise_plan with mixed settings, error feedback, adaptive settings") {
+  using cgx::comm::shm;
+  cgx_checksums::family("layerwise/", [] {
+    cgx::layerwise_options ef;
+    ef.error_feedback = true;
+    layerwise_checksum<float, mpi, cgx::quant::stochastic>("mixed", {}, false);
+    layerwise_checksum<float, mpi, cgx::quant::nearest>("mixed", {}, false);
+    layerwise_checksum<double, mpi, cgx::quant::nearest>("mixed", {}, false);
+    layerwise_checksum<float, shm, cgx::quant::stochastic>("mixed", {}, false);
+    layerwise_checksum<float, mpi, cgx::quant::stochastic>("error_feedback", ef, false);
+    layerwise_checksum<double, mpi, cgx::quant::nearest>("error_feedback", ef, false);
+    layerwise_checksum<float, mpi, cgx::quant::stochastic>("adaptive", {}, true);
+  });
 }
