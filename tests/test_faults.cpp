@@ -1,5 +1,6 @@
-// Issue 18, item 2: a failure inside a collective call reaches every rank as a
-// cgx::error, nothing hangs, and the plan is unusable afterwards. Runs under Open MPI
+// Issue 18, items 1 and 2: a failure inside a collective call reaches every rank as a
+// cgx::error, nothing hangs, and the plan is unusable afterwards; the in-band headers
+// catch ranks that disagree (count, plan) whatever the checking level. Runs under Open MPI
 // and MPICH (scripts/test stages 1 and 4).
 #include <doctest/doctest.h>
 
@@ -98,6 +99,44 @@ TEST_CASE("mismatched counts under local checking (comm::mpi, SRA): an error on 
 TEST_CASE("mismatched counts under local checking (comm::mpi, ring): an error on every rank, no hang") {
   if (cgx_test::world_size() < 2) return;
   mismatched_counts<Ring>(cgx::comm::mpi{MPI_COMM_WORLD});
+}
+
+TEST_CASE("mismatched counts under local checking (comm::shm): errc::mismatch from the headers, no garbage, no hang") {
+  if (cgx_test::world_size() < 2) return;
+  mismatched_counts<SRA>(cgx::comm::shm{MPI_COMM_WORLD});
+}
+
+// Ranks whose plans differ (quantizer width) with the same count and local checking: the
+// payloads may even have equal lengths; the headers' signatures differ.
+template <class X>
+void mismatched_plans(X x) {
+  const int r = cgx_test::world_rank();
+  const std::size_t n = 40000;
+  auto v = cgx_test::inputs<float>(r, n);
+  const auto before = v;
+  std::optional<cgx::errc> code;
+  if (r == 0) {
+    cgx::allreduce_plan<float, cgx::quant::maxmin<8, 1024, cgx::quant::stochastic>, SRA, X> plan{std::move(x), n,
+                                                                                               local_checks()};
+    code = cgx_test::error_code_of([&] { plan(v.data(), n); });
+  } else {
+    cgx::allreduce_plan<float, Q4, SRA, X> plan{std::move(x), n, local_checks()};
+    code = cgx_test::error_code_of([&] { plan(v.data(), n); });
+  }
+  const auto codes = gather_codes(code);
+  int mismatches = 0;
+  for (int c : codes) {
+    CHECK((c == static_cast<int>(cgx::errc::mismatch) || c == static_cast<int>(cgx::errc::peer_failed)));
+    if (c == static_cast<int>(cgx::errc::mismatch)) ++mismatches;
+  }
+  CHECK(mismatches >= 1);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("plans of different quantizers under local checking: errc::mismatch, not wrong values") {
+  if (cgx_test::world_size() < 2) return;
+  SUBCASE("comm::mpi") { mismatched_plans(cgx::comm::mpi{MPI_COMM_WORLD}); }
+  SUBCASE("comm::shm") { mismatched_plans(cgx::comm::shm{MPI_COMM_WORLD}); }
 }
 
 TEST_CASE("a rank that never calls (comm::mpi): the others throw errc::timeout") {

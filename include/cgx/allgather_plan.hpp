@@ -81,7 +81,7 @@ class allgather_plan : public detail::plan_base<X> {
     const auto claimed = this->claim();
     detail::check_call(this->x_, this->opts_.check, "allgather_plan", in == nullptr || out == nullptr, count,
                        this->max_count_, signature());
-    claimed.begin(this->x_);
+    claimed.begin(this->x_, signature(), count);
     const int p = this->x_.size();
     const int me = this->x_.rank();
     const quant::rng_state rng0 = this->next_rng();

@@ -91,7 +91,7 @@ class allreduce_plan {
     if (in_flight_.load(std::memory_order_relaxed))
       throw error(errc::invalid_argument, "allreduce_plan: a started reduction is still in flight; call wait() first");
     check(buf, n);
-    g.begin(x_);
+    g.begin(x_, sig_, n);
     reduce(buf, n);
   }
 
@@ -109,6 +109,7 @@ class allreduce_plan {
       throw error(errc::invalid_argument, "allreduce_plan: start() while a reduction is in flight");
     if constexpr (requires { x_.require_thread_level(); }) x_.require_thread_level();
     check(buf, n);
+    if constexpr (requires { x_.begin_call(comm::call_context{}); }) x_.begin_call(comm::call_context{sig_, n});
     failure_ = nullptr;
     worker_ = std::thread([this, buf, n] {
       try {

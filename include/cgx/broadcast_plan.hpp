@@ -81,7 +81,7 @@ class broadcast_plan : public detail::plan_base<X> {
     h.mix(static_cast<std::uint64_t>(static_cast<std::uint32_t>(root)));
     detail::check_call(this->x_, this->opts_.check, "broadcast_plan", buf == nullptr, n, this->max_count_, h.value(),
                        bad_root, [&] { return "root " + std::to_string(root) + " outside [0, " + std::to_string(p) + ")"; });
-    claimed.begin(this->x_);
+    claimed.begin(this->x_, h.value(), n);
     const quant::rng_state rng0 = this->next_rng();
     if (p == 1 || n == 0) return;
     const int me = this->x_.rank();

@@ -286,7 +286,7 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
   void operator()(T* buf, std::size_t n) {
     const detail::call_guard claimed(this->busy_, "layerwise_plan");
     this->check(buf, n);
-    claimed.begin(this->x_);
+    claimed.begin(this->x_, this->sig_, n);
     run(buf, this->next_rng());
   }
 

@@ -22,6 +22,7 @@
 
 #include "detail/checked.hpp"
 #include "error.hpp"
+#include "comm/header.hpp"
 #include "quant/rounding.hpp"
 
 namespace cgx {
@@ -29,10 +30,10 @@ namespace cgx {
 /// How much a plan checks before it moves data.
 enum class checking {
   /// Only this rank's own arguments (null buffer, count above capacity). Free; a rank
-  /// whose count differs from the others' is caught only where a message's length
-  /// betrays it (comm::mpi: errc::mismatch there, errc::peer_failed on the others, the
-  /// plan failed after), and otherwise may return wrong values or wait until
-  /// plan_options::timeout_ms.
+  /// whose count or plan differs from the others' is caught in-band by the message
+  /// headers of comm::mpi and comm::shm (errc::mismatch where a message shows it,
+  /// errc::peer_failed on the others, the plan failed after, the buffers possibly
+  /// partly written); over other transports it may go undetected.
   local,
   /// Also that every rank passed the same count and the same plan type: one small
   /// allreduce-like exchange per call (one network latency). A violation throws
@@ -233,9 +234,12 @@ class call_guard {
     busy_.notify_all();
   }
 
-  /// From here on, a throw out of the call is reported to the peers over `x` (see above).
+  /// From here on, a throw out of the call is reported to the peers over `x` (see
+  /// above); and the transport stamps the call's messages with `signature` and `count`
+  /// (comm::call_context; where it has begin_call: comm::mpi, comm::shm).
   template <class X>
-  void begin(X& x) const noexcept {
+  void begin(X& x, std::int64_t signature, std::uint64_t count) const noexcept {
+    if constexpr (requires { x.begin_call(comm::call_context{}); }) x.begin_call(comm::call_context{signature, count});
     if constexpr (requires { x.abort(errc::transport, std::string()); }) {
       transport_ = &x;
       abort_ = [](void* t, const char* who) noexcept {

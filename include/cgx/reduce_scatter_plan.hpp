@@ -85,7 +85,7 @@ class reduce_scatter_plan : public detail::plan_base<X> {
     const auto claimed = this->claim();
     detail::check_call(this->x_, this->opts_.check, "reduce_scatter_plan", buf == nullptr, n, this->max_count_,
                        signature());
-    claimed.begin(this->x_);
+    claimed.begin(this->x_, signature(), n);
     sched_.scatter_reduce(buf, n, this->x_, this->ws_.data(), this->next_rng(), quant::host_exec{this->opts_.threads});
   }
 

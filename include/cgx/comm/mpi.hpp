@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "../error.hpp"
+#include "header.hpp"
 
 namespace cgx::comm {
 
@@ -52,6 +54,11 @@ using wait_limit = std::chrono::milliseconds;
 /// destructor (also collective in MPI's sense: call it before MPI_Finalize).
 /// Move-only. Host buffers only: Debian's Open MPI and MPICH are not CUDA-aware.
 ///
+/// Headers: every message is preceded by a 32-byte header message (detail::wire_header:
+/// call number, plan signature, count, payload bytes; see comm::call_context), checked by
+/// the receiver: ranks that disagree on the count or the plan, or are a call apart, get
+/// errc::mismatch at any checking level.
+///
 /// Failures: cgx's communicators return MPI's errors instead of aborting the job
 /// (MPI_ERRORS_RETURN), and a wait turns them into cgx::error: a message longer or
 /// shorter than the receive posted for it (ranks that disagree on a count) is
@@ -64,12 +71,15 @@ using wait_limit = std::chrono::milliseconds;
 /// these the transport is failed: every later wait throws at once.
 class mpi {
  public:
-  /// A pending send or receive; messages over 2 GiB travel in two parts.
+  /// A pending send or receive: the header message, then the payload (in two parts
+  /// above 2 GiB).
   struct request {
-    MPI_Request r[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};  ///< the MPI requests (the second for the part above 2 GiB)
-    std::size_t bytes[2] = {0, 0};                            ///< bytes of each part (receives are checked)
-    int peer = -1;                                            ///< the other rank
-    bool send = false;                                        ///< a send (else a receive)
+    /// The MPI requests: header, payload, and the payload's part above 2 GiB.
+    MPI_Request r[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    std::size_t bytes[3] = {0, 0, 0};          ///< bytes of each (receives are checked)
+    detail::wire_header* header = nullptr;     ///< the header sent, or the one received
+    int peer = -1;                             ///< the other rank
+    bool send = false;                         ///< a send (else a receive)
   };
 
   /// How ranks are grouped into nodes, for hierarchical reducers: by default the
@@ -112,6 +122,8 @@ class mpi {
         size_(o.size_),
         node_color_(o.node_color_),
         limit_(o.limit_),
+        ctx_(o.ctx_),
+        call_(o.call_),
         fault_(std::move(o.fault_)) {}
   /// Frees this transport's communicator and takes over o's.
   mpi& operator=(mpi&& o) noexcept {
@@ -122,6 +134,8 @@ class mpi {
       size_ = o.size_;
       node_color_ = o.node_color_;
       limit_ = o.limit_;
+      ctx_ = o.ctx_;
+      call_ = o.call_;
       fault_ = std::move(o.fault_);
     }
     return *this;
@@ -214,6 +228,13 @@ class mpi {
     return q;
   }
 
+  /// Starts a call of a plan: later messages carry `c` and the next call number in their
+  /// header, and received headers must match (see call_context).
+  void begin_call(const call_context& c) noexcept {
+    ctx_ = c;
+    ++call_;
+  }
+
   /// Bounds every later wait (zero: no bound). See the class comment.
   void set_wait_limit(wait_limit limit) noexcept { limit_ = limit; }
   /// The bound on waits; zero when there is none.
@@ -230,13 +251,16 @@ class mpi {
     live.clear();
     which.clear();
     for (std::size_t i = 0; i < reqs.size(); ++i)
-      for (int k = 0; k < 2; ++k)
+      for (int k = 0; k < 3; ++k)
         if (reqs[i].r[k] != MPI_REQUEST_NULL) {
           live.push_back(reqs[i].r[k]);
-          which.push_back(static_cast<int>(2 * i + static_cast<std::size_t>(k)));
+          which.push_back(static_cast<int>(3 * i + static_cast<std::size_t>(k)));
         }
     std::size_t left = live.size();
-    if (left == 0) return;
+    if (left == 0) {
+      settle();
+      return;
+    }
     live.push_back(fault_->listen);  // last: a peer's failure report
     const auto t0 = std::chrono::steady_clock::now();
     int idle = 0;
@@ -261,10 +285,11 @@ class mpi {
       idle = 0;
       if (idx + 1 == static_cast<int>(live.size())) peer_reported(reqs);
       const int slot = which[static_cast<std::size_t>(idx)];
-      request& q = reqs[static_cast<std::size_t>(slot / 2)];
-      const int part = slot % 2;
+      request& q = reqs[static_cast<std::size_t>(slot / 3)];
+      const int part = slot % 3;
       q.r[part] = MPI_REQUEST_NULL;
       --left;
+      --fault_->outstanding;
       if (rc != MPI_SUCCESS) {
         const int err = rc;
         int cls = 0;
@@ -283,8 +308,13 @@ class mpi {
           fail_wait(reqs, errc::mismatch, MPI_SUCCESS,
                     "a message from rank " + std::to_string(q.peer) + " holds " + std::to_string(got) + " bytes where this rank "
                     "expects " + std::to_string(q.bytes[part]) + " (the ranks disagree on the count or the plan)");
+        if (part == 0) {
+          const std::string why = detail::header_mismatch(*q.header, expected(q.bytes[1] + q.bytes[2]), q.peer);
+          if (!why.empty()) fail_wait(reqs, errc::mismatch, MPI_SUCCESS, why);
+        }
       }
     }
+    settle();
   }
 
   /// Tells every peer that this rank's call failed with `code` (they throw
@@ -364,7 +394,17 @@ class mpi {
     std::string what;
     std::vector<MPI_Request> live;  // scratch of wait_all
     std::vector<int> which;
+    std::deque<detail::wire_header> headers;  // of the requests in flight (stable addresses)
+    std::size_t outstanding = 0;              // MPI requests posted and not yet completed
   };
+
+  /// The header this rank expects on a message of `bytes` payload bytes.
+  detail::wire_header expected(std::size_t bytes) const noexcept { return detail::make_header(ctx_, call_, bytes); }
+
+  /// Drops the headers once no request is in flight.
+  void settle() noexcept {
+    if (fault_->outstanding == 0) fault_->headers.clear();
+  }
 
   /// Records the failure, cancels the requests of `reqs` still pending, tells the peers
   /// and throws.
@@ -402,7 +442,7 @@ class mpi {
   [[noreturn]] void timed_out(std::span<request> reqs) {
     std::vector<int> peers;
     for (const auto& q : reqs)
-      if ((q.r[0] != MPI_REQUEST_NULL || q.r[1] != MPI_REQUEST_NULL) &&
+      if ((q.r[0] != MPI_REQUEST_NULL || q.r[1] != MPI_REQUEST_NULL || q.r[2] != MPI_REQUEST_NULL) &&
           std::find(peers.begin(), peers.end(), q.peer) == peers.end())
         peers.push_back(q.peer);
     std::sort(peers.begin(), peers.end());
@@ -417,6 +457,7 @@ class mpi {
     for (auto& q : reqs)
       for (auto& r : q.r) {
         if (r == MPI_REQUEST_NULL) continue;
+        --fault_->outstanding;
         MPI_Cancel(&r);
         if (q.send)
           MPI_Request_free(&r);
@@ -427,6 +468,7 @@ class mpi {
   }
 
   void post(request& q, void* buf, std::size_t bytes, int peer, int tag, bool send) {
+    if (fault_->failed) throw cgx::error(fault_->code, fault_->what);
     q.peer = peer;
     q.send = send;
     auto start = [&](void* p, int count, MPI_Datatype t, MPI_Request* r) {
@@ -434,10 +476,17 @@ class mpi {
         detail::check_mpi(MPI_Isend(p, count, t, peer, tag, comm_, r), "MPI_Isend");
       else
         detail::check_mpi(MPI_Irecv(p, count, t, peer, tag, comm_, r), "MPI_Irecv");
+      ++fault_->outstanding;
     };
+    // The header first, as its own small message (same peer and tag: MPI keeps the order),
+    // so that the payload travels from and into the caller's memory as before.
+    q.header = &fault_->headers.emplace_back();
+    if (send) *q.header = expected(bytes);
+    q.bytes[0] = sizeof(detail::wire_header);
+    start(q.header, static_cast<int>(sizeof(detail::wire_header)), MPI_BYTE, &q.r[0]);
     if (bytes <= static_cast<std::size_t>(INT_MAX)) {
-      q.bytes[0] = bytes;
-      start(buf, static_cast<int>(bytes), MPI_BYTE, &q.r[0]);
+      q.bytes[1] = bytes;
+      start(buf, static_cast<int>(bytes), MPI_BYTE, &q.r[1]);
       return;
     }
     // Over INT_MAX bytes: whole 1 GiB blocks as one derived-type message, then the rest.
@@ -446,16 +495,25 @@ class mpi {
     detail::check_mpi(MPI_Type_contiguous(static_cast<int>(block), MPI_BYTE, &big), "MPI_Type_contiguous");
     MPI_Type_commit(&big);
     const std::size_t nblocks = bytes / block;
-    q.bytes[0] = nblocks * block;
-    q.bytes[1] = bytes - nblocks * block;
-    start(buf, static_cast<int>(nblocks), big, &q.r[0]);
+    q.bytes[1] = nblocks * block;
+    q.bytes[2] = bytes - nblocks * block;
+    start(buf, static_cast<int>(nblocks), big, &q.r[1]);
     MPI_Type_free(&big);
-    start(static_cast<char*>(buf) + nblocks * block, static_cast<int>(bytes - nblocks * block), MPI_BYTE, &q.r[1]);
+    start(static_cast<char*>(buf) + nblocks * block, static_cast<int>(bytes - nblocks * block), MPI_BYTE, &q.r[2]);
   }
 
   void release() noexcept {
     int finalized = 0;
     MPI_Finalized(&finalized);
+    if (fault_ && fault_->failed) {
+      // After a failure, messages of the abandoned call may still be in flight to or from
+      // this rank; freeing the communicators would let MPI give their context ids to new
+      // communicators, which those messages could then reach. They are left allocated
+      // (a few KiB per failed transport, until MPI_Finalize).
+      fault_.release();
+      comm_ = MPI_COMM_NULL;
+      return;
+    }
     if (fault_ && !finalized) {
       if (fault_->listen != MPI_REQUEST_NULL) {
         MPI_Cancel(&fault_->listen);
@@ -476,6 +534,8 @@ class mpi {
   int size_ = 1;
   int node_color_ = -1;
   wait_limit limit_{0};
+  call_context ctx_{};
+  std::uint32_t call_ = 0;
   std::unique_ptr<fault_channel> fault_;
 };
 

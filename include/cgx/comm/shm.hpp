@@ -31,6 +31,12 @@
 /// cgx::error(errc::transport, "... peer rank N (pid P) died ...") when one is gone,
 /// instead of waiting forever. (An MPI launcher usually tears the job down first.)
 ///
+/// Headers: every message is preceded in its ring by the 32-byte header of comm::mpi
+/// (detail::wire_header: call number, plan signature, count, payload bytes); a receiver
+/// checks it before it takes a byte of the payload, and a mismatch (ranks that passed
+/// different counts or plans, a skipped call) throws errc::mismatch instead of reading
+/// the stream out of step.
+///
 /// Failures: as comm::mpi (whose failure channel it uses): a rank whose call fails tells
 /// its peers (`abort`); a waiting rank hears it within 100 ms and throws
 /// errc::peer_failed (errc::timeout for a peer's timeout); a wait limit
@@ -91,7 +97,10 @@ class shm {
     bool send;
     int peer;
     std::uint64_t id;
+    std::size_t header_for = no_header;  // a received header: the payload bytes it must announce
   };
+  static constexpr std::size_t no_header = ~std::size_t{0};     // a payload
+  static constexpr std::size_t sent_header = ~std::size_t{1};   // a header this rank sends
 
  public:
   /// Handle of a posted send or receive.
@@ -208,6 +217,9 @@ class shm {
       blocked_recv_ = std::move(o.blocked_recv_);
       peer_pid_ = std::move(o.peer_pid_);
       limit_ = o.limit_;
+      ctx_ = o.ctx_;
+      call_ = o.call_;
+      headers_ = std::move(o.headers_);
     }
     return *this;
   }
@@ -255,6 +267,7 @@ class shm {
     while (!done()) {
       if (progress()) {
         idle = 0;
+        if (!bad_header_.empty()) fail(errc::mismatch, std::exchange(bad_header_, std::string()));
       } else if (++idle > 64) {
         std::this_thread::yield();  // ranks may outnumber cores
         const auto now = std::chrono::steady_clock::now();
@@ -268,14 +281,23 @@ class shm {
         if (limit_.count() > 0 && now - t0 > limit_) timed_out(reqs);
       }
     }
+    if (!bad_header_.empty()) fail(errc::mismatch, std::exchange(bad_header_, std::string()));
     for (auto& r : reqs) {
       forget(r.id);
       r.id = 0;
     }
+    if (pending_.empty()) headers_.clear();
   }
 
   /// Bounds every later wait (zero: no bound). See the file comment.
   void set_wait_limit(wait_limit limit) noexcept { limit_ = limit; }
+
+  /// Starts a call of a plan (see comm::call_context): later headers carry `c` and the
+  /// next call number, and received ones must match.
+  void begin_call(const call_context& c) noexcept {
+    ctx_ = c;
+    ++call_;
+  }
 
   /// Tells every peer that this rank's call failed (see comm::mpi::abort); never throws.
   void abort(errc code, const std::string& why) noexcept { base_comm_->abort(code, why); }
@@ -479,15 +501,24 @@ class shm {
 
   request post(std::byte* buf, std::size_t bytes, int peer, bool send) {
     if (peer < 0 || peer >= size_) throw cgx::error(errc::invalid_argument, "cgx::comm::shm: peer out of range");
+    if (failed()) throw_if_failed();
+    // The header, then the payload, in the same ring (FIFO per pair keeps them together).
+    detail::wire_header& h = headers_.emplace_back();
+    if (send) h = expected(bytes);
+    const std::uint64_t hid = ++next_id_;
+    pending_.push_back(op{reinterpret_cast<std::byte*>(&h), sizeof(h), 0, send, peer, hid, send ? sent_header : bytes});
     const std::uint64_t id = ++next_id_;
     if (bytes == 0) {
       completed_.push_back(id);
-      return {id};
+    } else {
+      pending_.push_back(op{buf, bytes, 0, send, peer, id});
     }
-    pending_.push_back(op{buf, bytes, 0, send, peer, id});
     progress();
     return {id};
   }
+
+  /// The header this rank expects on a message of `bytes` payload bytes.
+  detail::wire_header expected(std::size_t bytes) const noexcept { return detail::make_header(ctx_, call_, bytes); }
 
   /// Moves bytes for every pending operation that can move; true if anything moved.
   /// Only the oldest unfinished operation per (direction, peer) may move (FIFO order).
@@ -504,7 +535,18 @@ class shm {
         if (o.done != o.bytes) blocked[peer] = 1;
       }
       if (o.done == o.bytes) {
-        completed_.push_back(o.id);
+        if (o.header_for == no_header) {
+          completed_.push_back(o.id);
+        } else if (o.header_for != sent_header) {
+          // A received header: checked before any byte of its payload moves.
+          std::string why = detail::header_mismatch(*reinterpret_cast<const detail::wire_header*>(o.buf),
+                                                    expected(o.header_for), o.peer);
+          if (!why.empty()) {
+            bad_header_ = std::move(why);
+            pending_.erase(it);
+            return true;
+          }
+        }
         it = pending_.erase(it);
       } else {
         ++it;
@@ -566,6 +608,10 @@ class shm {
   std::vector<std::uint64_t> completed_;
   std::vector<char> blocked_send_, blocked_recv_;  // per peer, scratch of progress()
   wait_limit limit_{0};
+  call_context ctx_{};
+  std::uint32_t call_ = 0;
+  std::deque<detail::wire_header> headers_;  // of the transfers in flight (stable addresses)
+  std::string bad_header_;                   // a received header that did not match
   std::vector<pid_t> peer_pid_;  // per rank: its pid if it shares this rank's pid namespace, else 0 (and 0 for self)
 };
 
