@@ -1,0 +1,334 @@
+// The schedule descriptions (include/cgx/schedule/) on their own, one process: for
+// p = 1..8 (hierarchical: N x L nodes) and awkward counts, every rank ends with every
+// value exactly once, every send has its receive on the peer (same phase, step, values
+// and size, in the same order per pair), no two compressions of the same values share a
+// random stream, positions are the values' indices, every finished sum is compressed
+// exactly once, bytes sent from the workspace were put there first, and the workspace
+// holds every message.
+#include <doctest/doctest.h>
+
+#include <cgx/schedule/direct_reduce_scatter.hpp>
+#include <cgx/schedule/hierarchical.hpp>
+#include <cgx/schedule/ring.hpp>
+#include <cgx/schedule/sra.hpp>
+#include <cgx/schedule/tree.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+namespace sc = cgx::schedule;
+using sc::chunk;
+
+// Compressed sizes shaped like the real codecs': maxmin's (8 bytes of scale per started
+// bucket of 512, then 4-bit codes) and raw floats.
+constexpr std::size_t maxmin_like(std::size_t c) { return c == 0 ? 0 : 8 * ((c + 511) / 512) + (c + 1) / 2; }
+constexpr std::size_t raw_floats(std::size_t c) { return 4 * c; }
+
+struct codec {
+  std::size_t granule;
+  sc::size_fn bytes;
+  bool lossless;
+};
+const codec codecs[] = {{512, &maxmin_like, false}, {1, &raw_floats, true}};
+
+// Counts for p ranks and granule g: empty, tiny, around p and p granules, primes, and
+// large enough for the pipelined SRA's and the crossed exchange's pieces.
+std::vector<std::size_t> counts(int p, std::size_t g) {
+  const auto P = static_cast<std::size_t>(p);
+  std::vector<std::size_t> v{0, 1, P - 1, P, P + 1, 13, 1021, P * g - 1, P * g + 1, 3 * P * g + 7, 1000003,
+                             P * (std::size_t{3} << 18) + 5, P * (std::size_t{9} << 20) + 4099};
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
+
+// Whether the ranges tile [0, n) exactly: every value once.
+bool tiles(std::vector<chunk> cs, std::size_t n) {
+  std::sort(cs.begin(), cs.end(), [](const chunk& a, const chunk& b) { return a.begin < b.begin; });
+  std::size_t at = 0;
+  for (const chunk& c : cs) {
+    if (c.count == 0 || c.begin != at) return false;
+    at += c.count;
+  }
+  return at == n;
+}
+
+// Whether no two ranges overlap.
+bool disjoint(std::vector<chunk> cs) {
+  std::sort(cs.begin(), cs.end(), [](const chunk& a, const chunk& b) { return a.begin < b.begin; });
+  for (std::size_t i = 1; i < cs.size(); ++i)
+    if (cs[i - 1].begin + cs[i - 1].count > cs[i].begin) return false;
+  return true;
+}
+
+using msg_list = std::function<void(int, const std::function<void(const sc::message&)>&)>;
+using comp_list = std::function<void(int, const std::function<void(const sc::compression&)>&)>;
+using range_list = std::function<void(int, const std::function<void(const chunk&)>&)>;
+
+// What one description says for all p ranks.
+struct world {
+  int p;
+  std::size_t n;
+  std::size_t workspace;  // bytes
+  std::vector<std::vector<sc::message>> msgs;
+  std::vector<std::vector<sc::compression>> comps;
+  std::vector<std::vector<chunk>> results;
+
+  world(int p_, std::size_t n_, std::size_t ws, const msg_list& m, const comp_list& c, const range_list& r)
+      : p(p_), n(n_), workspace(ws), msgs(p_), comps(p_), results(p_) {
+    for (int i = 0; i < p; ++i) {
+      m(i, [&](const sc::message& x) { msgs[i].push_back(x); });
+      c(i, [&](const sc::compression& x) { comps[i].push_back(x); });
+      r(i, [&](const chunk& x) { results[i].push_back(x); });
+    }
+  }
+};
+
+std::string where(const world& w) { return "p=" + std::to_string(w.p) + " n=" + std::to_string(w.n); }
+
+// The checks every description passes.
+void check_common(const world& w) {
+  INFO(where(w));
+  for (int r = 0; r < w.p; ++r) {
+    CHECK_MESSAGE(tiles(w.results[r], w.n), "rank " << r << " does not end with every value exactly once");
+    for (const sc::message& m : w.msgs[r]) {
+      CHECK((m.from == r || m.to == r));
+      CHECK(m.from != m.to);
+      CHECK((m.from >= 0 && m.from < w.p && m.to >= 0 && m.to < w.p));
+      CHECK(m.values.count != 0);
+      CHECK(m.values.begin + m.values.count <= w.n);
+      if (m.offset != sc::in_buffer) CHECK(m.offset + m.bytes <= w.workspace);
+    }
+    for (const sc::compression& c : w.comps[r]) {
+      CHECK(c.k.position == c.values.begin);
+      CHECK(c.offset <= w.workspace);
+    }
+  }
+  // Per ordered pair and phase: the sends of one equal the receives of the other, in order.
+  using sig = std::tuple<int, std::size_t, std::size_t, std::size_t>;  // step, begin, count, bytes
+  std::map<std::tuple<int, int, int>, std::vector<sig>> sent, received;
+  for (int r = 0; r < w.p; ++r)
+    for (const sc::message& m : w.msgs[r])
+      (m.from == r ? sent : received)[{m.from, m.to, static_cast<int>(m.ph)}].push_back(
+          {m.step, m.values.begin, m.values.count, m.bytes});
+  CHECK(sent == received);
+  // No two compressions of overlapping values share a stream (their random bits would be
+  // the same), on any ranks.
+  std::map<std::uint32_t, std::vector<chunk>> by_stream;
+  for (int r = 0; r < w.p; ++r)
+    for (const sc::compression& c : w.comps[r]) by_stream[c.k.stream].push_back(c.values);
+  for (const auto& [s, cs] : by_stream) CHECK_MESSAGE(disjoint(cs), "stream " << s << " reused");
+}
+
+// Finished sums are compressed exactly once, over all ranks.
+void check_sums_once(const world& w) {
+  INFO(where(w));
+  std::vector<chunk> sums;
+  for (int r = 0; r < w.p; ++r)
+    for (const sc::compression& c : w.comps[r])
+      if (c.ph == sc::phase::sum) sums.push_back(c.values);
+  CHECK(tiles(sums, w.p > 1 ? w.n : 0));
+}
+
+// A compressed message is sent from where this rank compressed those values, or where it
+// received them earlier (forwarding); the bytes match the codec's size.
+void check_sources(const world& w, sc::size_fn bytes) {
+  INFO(where(w));
+  for (int r = 0; r < w.p; ++r) {
+    std::vector<std::pair<std::size_t, std::size_t>> held;  // (offset, begin) written so far
+    for (const sc::compression& c : w.comps[r]) held.emplace_back(c.offset, c.values.begin);
+    for (const sc::message& m : w.msgs[r]) {
+      CHECK(m.bytes == bytes(m.values.count));
+      if (m.to == r) {
+        held.emplace_back(m.offset, m.values.begin);
+      } else {
+        const bool found = std::find(held.begin(), held.end(), std::pair{m.offset, m.values.begin}) != held.end();
+        CHECK_MESSAGE(found, "rank " << r << " sends values " << m.values.begin << " from " << m.offset << " before writing them");
+      }
+    }
+  }
+}
+
+template <class F>
+void for_each_case(F&& f) {
+  for (const codec& q : codecs)
+    for (int p = 1; p <= 8; ++p)
+      for (std::size_t n : counts(p, q.granule)) f(q, p, n);
+}
+
+}  // namespace
+
+TEST_CASE("schedule::sra: coverage, matching messages, keys, workspace, both forms") {
+  for_each_case([](const codec& q, int p, std::size_t n) {
+    const auto pipe = sc::sra::pipelined(n, p, q.granule, 4, q.bytes);
+    const auto two = sc::sra::two_phase(n, p, q.granule, 4, q.bytes);
+    for (const sc::sra& d : {pipe, two}) {
+      const world w(p, n, sc::sra::slots(p) * d.slot, [&](int r, auto f) { d.messages(r, f); },
+                    [&](int r, auto f) { d.compressions(r, f); }, [&](int r, auto f) { d.results(r, f); });
+      check_common(w);
+      check_sums_once(w);
+      check_sources(w, q.bytes);
+      // The pipelined form posts every receive at once: they must not share workspace
+      // bytes, nor with what is compressed. The two-phase form reuses the receive slots
+      // for the allgather, after the scatter is done: disjoint within each phase.
+      for (int r = 0; r < p; ++r)
+        for (int half = 0; half < 2; ++half) {
+          const bool pipelined = d.gather_base == 2;
+          auto in_half = [&](int step) { return pipelined || step == half; };
+          std::vector<chunk> regions;
+          for (const sc::message& m : w.msgs[r])
+            if (m.to == r && in_half(m.step)) regions.push_back({m.offset, m.bytes});
+          for (const sc::compression& c : w.comps[r])
+            if (in_half(c.step)) regions.push_back({c.offset, q.bytes(c.values.count)});
+          CHECK(disjoint(regions));
+        }
+      // The owner adds the others' parts in rank order.
+      for (int o = 0; o < p; ++o)
+        for (int i = 0; i + 1 < p; ++i) CHECK(sc::sra::addend(o, i) == (i < o ? i : i + 1));
+    }
+    // The pipelined and the two-phase form draw the same random bits for every value:
+    // per stream, the same values (positions are the values' indices in both).
+    auto merged = [&](const sc::sra& d) {
+      std::map<std::uint32_t, std::vector<chunk>> m;
+      for (int r = 0; r < p; ++r) d.compressions(r, [&](const sc::compression& c) { m[c.k.stream].push_back(c.values); });
+      std::map<std::uint32_t, std::pair<std::size_t, std::size_t>> span;  // stream -> (first, values)
+      for (auto& [s, cs] : m) {
+        std::size_t first = n, total = 0;
+        for (const chunk& c : cs) first = std::min(first, c.begin), total += c.count;
+        span[s] = {first, total};
+      }
+      return span;
+    };
+    INFO("p=" << p << " n=" << n);
+    CHECK(merged(pipe) == merged(two));
+    CHECK(pipe.slot == two.slot);
+    if (p > 1 && n * 4 / static_cast<std::size_t>(p) >= (std::size_t{16} << 20)) CHECK(pipe.K == sc::sra::max_pieces);
+  });
+}
+
+TEST_CASE("schedule::ring: coverage, matching messages, keys, forwarding") {
+  for_each_case([](const codec& q, int p, std::size_t n) {
+    const auto d = sc::ring::make(n, p, q.granule, q.bytes);
+    const world w(p, n, sc::ring::slots(p) * d.slot, [&](int r, auto f) { d.messages(r, f); },
+                  [&](int r, auto f) { d.compressions(r, f); }, [&](int r, auto f) { d.results(r, f); });
+    check_common(w);
+    check_sums_once(w);
+    check_sources(w, q.bytes);
+    // Chunk c's sum starts at rank c and goes round; rank r finishes chunk r + 1.
+    for (int c = 0; c < p; ++c) {
+      std::vector<int> seen;
+      for (int i = 0; i < p; ++i) seen.push_back(d.addend(c, i));
+      std::sort(seen.begin(), seen.end());
+      for (int i = 0; i < p; ++i) CHECK(seen[static_cast<std::size_t>(i)] == i);
+      CHECK(d.addend(c, p - 1) == (c + p - 1) % p);
+      CHECK(d.owned(d.addend(c, p - 1)) == c);
+    }
+  });
+}
+
+TEST_CASE("schedule::tree: coverage, matching messages, keys, fold and unfold") {
+  for_each_case([](const codec& q, int p, std::size_t n) {
+    const auto d = sc::tree::make(n, p, q.granule, q.bytes);
+    const world w(p, n, static_cast<std::size_t>(d.q) * d.slot + 2 * d.whole, [&](int r, auto f) { d.messages(r, f); },
+                  [&](int r, auto f) { d.compressions(r, f); }, [&](int r, auto f) { d.results(r, f); });
+    check_common(w);
+    check_sums_once(w);
+    check_sources(w, q.bytes);
+    // Virtual ranks: a bijection of the active ranks onto 0..q-1.
+    std::vector<int> seen;
+    for (int r = 0; r < p; ++r)
+      if (d.virtual_rank(r) >= 0) {
+        CHECK(d.real(d.virtual_rank(r)) == r);
+        seen.push_back(d.virtual_rank(r));
+      }
+    CHECK(static_cast<int>(seen.size()) == d.q);
+    // After halving, virtual rank v keeps exactly chunk v.
+    for (int v = 0; v < d.q; ++v) {
+      int lo = 0, hi = d.q;
+      for (int i = 1; i <= d.levels(); ++i) {
+        const auto h = d.halve(v, i);
+        CHECK((h.klo >= lo && h.khi <= hi && h.slo >= lo && h.shi <= hi));
+        CHECK(h.khi - h.klo == h.shi - h.slo);
+        lo = h.klo, hi = h.khi;
+      }
+      CHECK((lo == v && hi == v + 1));
+    }
+  });
+}
+
+TEST_CASE("schedule::direct_reduce_scatter: coverage and matching messages, no compression") {
+  for_each_case([](const codec& q, int p, std::size_t n) {
+    const auto d = sc::direct_reduce_scatter::make(n, p, q.granule, 4);
+    const world w(p, n, sc::direct_reduce_scatter::slots(p) * d.slot, [&](int r, auto f) { d.messages(r, f); },
+                  [&](int r, auto f) { d.compressions(r, f); }, [&](int r, auto f) { d.results(r, f); });
+    check_common(w);
+    for (int r = 0; r < p; ++r) {
+      CHECK(w.comps[r].empty());
+      std::vector<chunk> parts;  // the part slots receive at once: disjoint
+      for (const sc::message& m : w.msgs[r]) {
+        CHECK(m.bytes == 4 * m.values.count);
+        if (m.ph == sc::phase::scatter && m.to == r) parts.push_back({m.offset, m.bytes});
+      }
+      CHECK(disjoint(parts));
+    }
+  });
+}
+
+TEST_CASE("schedule::hierarchical: groups, crossed exchange, fused node sum, share") {
+  const std::pair<int, int> layouts[] = {{1, 1}, {1, 3}, {2, 1}, {2, 2}, {2, 3}, {3, 2}, {2, 4}, {4, 2}, {3, 3}};
+  for (const codec& q : codecs)
+    for (auto [N, L] : layouts)
+      for (std::size_t n : counts(N * L, q.granule))
+        for (int flags = 0; flags < 4; ++flags) {
+          const sc::hierarchical d{n, N, L, q.granule, 4, q.bytes, q.lossless, (flags & 1) != 0, (flags & 2) != 0};
+          const int p = N * L;
+          auto node_of = [&](int r) { return r / L; };
+          auto local_of = [&](int r) { return r % L; };
+          std::size_t ws = d.fused_parts_offset() + static_cast<std::size_t>(L) * d.raw_slot();
+          ws = std::max(ws, static_cast<std::size_t>(L + 2) * d.share_slot());
+          const world w(p, n, ws, [&](int r, auto f) { d.messages(node_of(r), local_of(r), f); },
+                        [&](int r, auto f) { d.compressions(node_of(r), local_of(r), f); },
+                        [&](int r, auto f) { d.results(node_of(r), local_of(r), f); });
+          INFO("N=" << N << " L=" << L << " flags=" << flags);
+          check_common(w);
+          std::vector<chunk> cut;
+          for (int l = 0; l < L; ++l)
+            if (d.chunk_of(l).count != 0) cut.push_back(d.chunk_of(l));
+          CHECK(tiles(cut, n));
+          CHECK((d.crossed_groups() == 0 || (N == 2 && d.crossed_groups() == L - L % 2)));
+          // A crossed group: its pieces tile its chunk, the owner node compresses every sum once.
+          for (int l = 0; l < d.crossed_groups(); ++l) {
+            const chunk c = d.chunk_of(l);
+            std::vector<chunk> pieces, sums;
+            for (std::size_t k = 0; k < d.cross_pieces(c.count); ++k) {
+              const chunk pv = d.piece_values(c.count, k);
+              pieces.push_back({pv.begin, pv.count});
+            }
+            if (c.count != 0) CHECK(tiles(pieces, c.count));
+            for (const sc::compression& x : w.comps[d.rank(sc::hierarchical::owner(l), l)]) {
+              CHECK(x.ph == sc::phase::sum);
+              sums.push_back(x.values);
+            }
+            for (chunk& s : sums) s.begin -= c.begin;
+            CHECK(tiles(sums, c.count));
+          }
+        }
+}
+
+TEST_CASE("schedule descriptions are constexpr") {
+  constexpr auto s = sc::sra::pipelined(1000, 3, 1, 4, &raw_floats);
+  static_assert(s.chunk_of(2).begin + s.chunk_of(2).count == 1000);
+  static_assert(s.sum_key(1, s.chunk_of(1)).stream == 4);
+  constexpr auto t = sc::tree::make(1000, 6, 1, &raw_floats);
+  static_assert(t.q == 4 && t.virtual_rank(0) == -1 && t.virtual_rank(5) == 3);
+  constexpr auto g = sc::ring::make(1000, 5, 1, &raw_floats);
+  static_assert(g.owned(4) == 0 && g.reduce_in(0, 0) == 4);
+  CHECK(s.K == 1);
+}
