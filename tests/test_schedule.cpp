@@ -124,7 +124,7 @@ void check_common(const world& w) {
   std::map<std::uint32_t, std::vector<chunk>> by_stream;
   for (int r = 0; r < w.p; ++r)
     for (const sc::compression& c : w.comps[r]) by_stream[c.k.stream].push_back(c.values);
-  for (const auto& [s, cs] : by_stream) CHECK_MESSAGE(disjoint(cs), "stream " << s << " reused");
+  for (const auto& e : by_stream) CHECK_MESSAGE(disjoint(e.second), "stream " << e.first << " reused");
 }
 
 // Finished sums are compressed exactly once, over all ranks.
@@ -284,9 +284,10 @@ TEST_CASE("schedule::direct_reduce_scatter: coverage and matching messages, no c
 TEST_CASE("schedule::hierarchical: groups, crossed exchange, fused node sum, share") {
   const std::pair<int, int> layouts[] = {{1, 1}, {1, 3}, {2, 1}, {2, 2}, {2, 3}, {3, 2}, {2, 4}, {4, 2}, {3, 3}};
   for (const codec& q : codecs)
-    for (auto [N, L] : layouts)
-      for (std::size_t n : counts(N * L, q.granule))
+    for (const auto& layout : layouts)
+      for (std::size_t n : counts(layout.first * layout.second, q.granule))
         for (int flags = 0; flags < 4; ++flags) {
+          const int N = layout.first, L = layout.second;
           const sc::hierarchical d{n, N, L, q.granule, 4, q.bytes, q.lossless, (flags & 1) != 0, (flags & 2) != 0};
           const int p = N * L;
           auto node_of = [&](int r) { return r / L; };
