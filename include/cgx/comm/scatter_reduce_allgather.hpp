@@ -38,6 +38,7 @@
 #include "chunking.hpp"
 #include "../quant/host_exec.hpp"
 #include "../quant/rounding.hpp"
+#include "../schedule/sra.hpp"
 
 namespace cgx::comm {
 
@@ -64,7 +65,7 @@ struct scatter_reduce_allgather {
     /// Throws cgx::error(errc::invalid_argument) if that size does not fit (detail/checked.hpp).
     static std::size_t workspace_bytes(std::size_t n, int p) {
       cgx::detail::check_raw_bytes(n, sizeof(T));
-      return cgx::detail::checked_mul(cgx::detail::checked_mul(3, static_cast<std::size_t>(p)), slot_bytes(n, p));
+      return cgx::detail::checked_mul(description::slots(p), description::slot_bytes(n, p, granule, sizeof(T), bytes));
     }
 
     /// Binds to the plan's transport; allocates only its own request lists.
@@ -84,28 +85,12 @@ struct scatter_reduce_allgather {
     /// link stays busy instead of idling while whole chunks are (de)compressed between
     /// the phases. Pieces start at bucket boundaries and carry the positions of their
     /// values, so the bits are those of the unpipelined schedule (scatter_reduce() then
-    /// allgather()).
+    /// allgather()). Pieces, peers, slots and keys: schedule::sra::pipelined.
     void run(T* buf, std::size_t n, X& x, std::byte* ws, const quant::rng_state& rng, quant::host_exec ex) {
       const int p = x.size();
       const int me = x.rank();
       if (p == 1 || n == 0) return;
-      const int K = pieces(n, p);
-      const std::size_t slot = slot_bytes(n, p);
-      auto sslot = [&](int r) { return ws + static_cast<std::size_t>(r) * slot; };
-      auto rslot = [&](int r) { return ws + static_cast<std::size_t>(p + r) * slot; };
-      auto gslot = [&](int r) { return ws + static_cast<std::size_t>(2 * p + r) * slot; };
-      // Piece k of rank r's chunk: its values and the offset of its bytes in a slot.
-      struct piece_t {
-        chunk values;
-        std::size_t offset, bytes;
-      };
-      auto piece = [&](int r, int k) {
-        const chunk c = chunk_of(n, p, r);
-        std::size_t off = 0;
-        for (int j = 0; j < k; ++j) off += Q::template compressed_bytes<T>(comm::chunk_of(c.count, K, j, granule).count);
-        const chunk v = comm::chunk_of(c.count, K, k, granule);
-        return piece_t{{c.begin + v.begin, v.count}, off, Q::template compressed_bytes<T>(v.count)};
-      };
+      const description d = description::pipelined(n, p, granule, sizeof(T), bytes);
       auto at = [&](int phase, int k, int r) -> int& {
         return first_[(static_cast<std::size_t>(phase) * max_pieces + static_cast<std::size_t>(k)) * static_cast<std::size_t>(p) +
                       static_cast<std::size_t>(r)];
@@ -114,121 +99,89 @@ struct scatter_reduce_allgather {
       // Every receive is posted first: the parts of my chunk, then the others' sums.
       reqs_.clear();
       sends_.clear();
-      for (int k = 0; k < K; ++k) {
-        const piece_t m = piece(me, k);
+      for (int k = 0; k < d.K; ++k) {
+        const piece_t m = d.piece(me, k);
         for (int r = 0; r < p; ++r) {
           at(0, k, r) = -1;
           if (r == me || m.values.count == 0) continue;
           at(0, k, r) = static_cast<int>(reqs_.size());
-          reqs_.push_back(x.irecv(rslot(r) + m.offset, m.bytes, r, tag_scatter));
+          reqs_.push_back(x.irecv(ws + d.recv_slot(r) + m.offset, m.bytes, r, tag_scatter));
         }
       }
-      for (int k = 0; k < K; ++k)
+      for (int k = 0; k < d.K; ++k)
         for (int r = 0; r < p; ++r) {
           at(1, k, r) = -1;
-          const piece_t g = piece(r, k);
+          const piece_t g = d.piece(r, k);
           if (r == me || g.values.count == 0) continue;
           at(1, k, r) = static_cast<int>(reqs_.size());
-          reqs_.push_back(x.irecv(gslot(r) + g.offset, g.bytes, r, tag_gather));
+          reqs_.push_back(x.irecv(ws + d.gather_slot(r) + g.offset, g.bytes, r, tag_gather));
         }
       // My contributions to every other chunk, piece by piece.
-      for (int k = 0; k < K; ++k)
+      for (int k = 0; k < d.K; ++k)
         for (int step = 1; step < p; ++step) {
-          const int r = (me + step) % p;
-          const piece_t c = piece(r, k);
+          const int r = d.to(me, step);
+          const piece_t c = d.piece(r, k);
           if (c.values.count == 0) continue;
-          quant::rng_state s = rng;
-          s.stream = static_cast<std::uint32_t>(me);
-          s.position = rng.position + c.values.begin;
-          Q::template compress<T>(buf + c.values.begin, c.values.count, sslot(r) + c.offset, s, ex);
-          sends_.push_back(x.isend(sslot(r) + c.offset, c.bytes, r, tag_scatter));
+          std::byte* out = ws + d.send_slot(r) + c.offset;
+          Q::template compress<T>(buf + c.values.begin, c.values.count, out,
+                                  ::cgx::schedule::keyed(rng, description::contribution_key(me, c.values)), ex);
+          sends_.push_back(x.isend(out, c.bytes, r, tag_scatter));
           comm::progress(x);  // let the sends posted so far move while the next piece is compressed
         }
       auto wait = [&](int i) { x.wait_all(std::span(reqs_.data() + i, 1)); };
       auto gather = [&](int k) {  // decode piece k of every other rank's sum
         for (int step = 1; step < p; ++step) {
-          const int r = (me + p - step) % p;
+          const int r = d.from(me, step);
           if (at(1, k, r) < 0) continue;
-          const piece_t g = piece(r, k);
+          const piece_t g = d.piece(r, k);
           wait(at(1, k, r));
-          Q::template decompress<T>(gslot(r) + g.offset, g.values.count, buf + g.values.begin, ex);
+          Q::template decompress<T>(ws + d.gather_slot(r) + g.offset, g.values.count, buf + g.values.begin, ex);
         }
       };
-      for (int k = 0; k < K; ++k) {
-        const piece_t m = piece(me, k);
+      for (int k = 0; k < d.K; ++k) {
+        const piece_t m = d.piece(me, k);
         if (m.values.count != 0) {
-          // In rank order (a fixed summation order), each part as soon as it has arrived.
-          for (int r = 0; r < p; ++r) {
-            if (r == me) continue;
-            wait(at(0, k, r));
-            Q::template decompress_add<T>(rslot(r) + m.offset, m.values.count, buf + m.values.begin, ex);
-          }
-          // The sum is quantized once; the owner keeps the decoded bytes, like everyone else.
-          quant::rng_state s = rng;
-          s.stream = static_cast<std::uint32_t>(p + me);
-          s.position = rng.position + m.values.begin;
-          Q::template compress<T>(buf + m.values.begin, m.values.count, sslot(me) + m.offset, s, ex);
-          if constexpr (!Q::lossless)
-            Q::template decompress<T>(sslot(me) + m.offset, m.values.count, buf + m.values.begin, ex);
-          for (int step = 1; step < p; ++step)
-            sends_.push_back(x.isend(sslot(me) + m.offset, m.bytes, (me + step) % p, tag_gather));
+          add_parts(d, me, m, buf, ws, ex, [&](int r) { wait(at(0, k, r)); });
+          std::byte* sum = ws + d.send_slot(me) + m.offset;
+          compress_sum(d, me, m, buf, sum, rng, ex);
+          for (int step = 1; step < p; ++step) sends_.push_back(x.isend(sum, m.bytes, d.to(me, step), tag_gather));
         }
         if (k > 0) gather(k - 1);
       }
-      gather(K - 1);
+      gather(d.K - 1);
       x.wait_all(std::span(sends_));
     }
 
     /// Pieces per chunk of run()'s pipeline for n values on p ranks (the same on every rank).
-    static int pieces(std::size_t n, int p) {
-      const std::size_t bytes = largest_chunk(n, p, granule) * sizeof(T);
-      return static_cast<int>(std::clamp<std::size_t>(bytes / piece_bytes, 1, max_pieces));
-    }
+    static int pieces(std::size_t n, int p) { return description::pieces(n, p, granule, sizeof(T)); }
 
     /// Phases 1 and 2: afterwards buf[chunk_of(n, p, rank)] holds the decoded
     /// (re-quantized) sum of this rank's chunk, bit for bit what run() leaves there, and
     /// the workspace holds its compressed bytes for allgather(). The rest of buf is
-    /// left as it was. Collective.
+    /// left as it was. Collective. Chunks, peers, slots and keys: schedule::sra::two_phase.
     void scatter_reduce(T* buf, std::size_t n, X& x, std::byte* ws, const quant::rng_state& rng, quant::host_exec ex) {
       const int p = x.size();
       const int me = x.rank();
       if (p == 1 || n == 0) return;
-      const std::size_t slot = slot_bytes(n, p);
-      std::byte* send = ws;
-      std::byte* recv = ws + static_cast<std::size_t>(p) * slot;
-      auto sslot = [&](int r) { return send + static_cast<std::size_t>(r) * slot; };
-      auto rslot = [&](int r) { return recv + static_cast<std::size_t>(r) * slot; };
-      const chunk mine = chunk_of(n, p, me);
-      const std::size_t mine_bytes = Q::template compressed_bytes<T>(mine.count);
+      const description d = description::two_phase(n, p, granule, sizeof(T), bytes);
+      const piece_t mine = d.piece(me, 0);
 
       reqs_.clear();
-      if (mine_bytes != 0)
+      if (mine.bytes != 0)
         for (int r = 0; r < p; ++r)
-          if (r != me) reqs_.push_back(x.irecv(rslot(r), mine_bytes, r, tag_scatter));  // reqs_[r - (r > me)]
+          if (r != me) reqs_.push_back(x.irecv(ws + d.recv_slot(r), mine.bytes, r, tag_scatter));  // reqs_[r - (r > me)]
       const std::size_t nrecv = reqs_.size();
       for (int step = 1; step < p; ++step) {
-        const int r = (me + step) % p;
-        const chunk c = chunk_of(n, p, r);
-        if (c.count == 0) continue;
-        quant::rng_state s = rng;
-        s.stream = static_cast<std::uint32_t>(me);
-        s.position = rng.position + c.begin;
-        Q::template compress<T>(buf + c.begin, c.count, sslot(r), s, ex);
-        reqs_.push_back(x.isend(sslot(r), Q::template compressed_bytes<T>(c.count), r, tag_scatter));
+        const int r = d.to(me, step);
+        const piece_t c = d.piece(r, 0);
+        if (c.values.count == 0) continue;
+        Q::template compress<T>(buf + c.values.begin, c.values.count, ws + d.send_slot(r),
+                                ::cgx::schedule::keyed(rng, description::contribution_key(me, c.values)), ex);
+        reqs_.push_back(x.isend(ws + d.send_slot(r), c.bytes, r, tag_scatter));
       }
-      if (mine.count != 0) {
-        // In rank order (a fixed summation order), each part as soon as it has arrived.
-        for (int r = 0; r < p; ++r) {
-          if (r == me) continue;
-          x.wait_all(std::span(reqs_.data() + (r - (r > me ? 1 : 0)), 1));
-          Q::template decompress_add<T>(rslot(r), mine.count, buf + mine.begin, ex);
-        }
-        // The sum is quantized once; the owner keeps the decoded bytes, like everyone else.
-        quant::rng_state s = rng;
-        s.stream = static_cast<std::uint32_t>(p + me);
-        s.position = rng.position + mine.begin;
-        Q::template compress<T>(buf + mine.begin, mine.count, sslot(me), s, ex);
-        if constexpr (!Q::lossless) Q::template decompress<T>(sslot(me), mine.count, buf + mine.begin, ex);
+      if (mine.values.count != 0) {
+        add_parts(d, me, mine, buf, ws, ex, [&](int r) { x.wait_all(std::span(reqs_.data() + (r - (r > me ? 1 : 0)), 1)); });
+        compress_sum(d, me, mine, buf, ws + d.send_slot(me), rng, ex);
       }
       x.wait_all(std::span(reqs_.data() + nrecv, reqs_.size() - nrecv));
       reqs_.clear();
@@ -240,24 +193,20 @@ struct scatter_reduce_allgather {
       const int p = x.size();
       const int me = x.rank();
       if (p == 1 || n == 0) return;
-      const std::size_t slot = slot_bytes(n, p);
-      std::byte* own = ws + static_cast<std::size_t>(me) * slot;
-      auto rslot = [&](int r) { return ws + static_cast<std::size_t>(p + r) * slot; };
-      const std::size_t mine_bytes = Q::template compressed_bytes<T>(chunk_of(n, p, me).count);
+      const description d = description::two_phase(n, p, granule, sizeof(T), bytes);
+      const piece_t mine = d.piece(me, 0);
       reqs_.clear();
       for (int r = 0; r < p; ++r) {
-        if (r == me) continue;
-        const chunk c = chunk_of(n, p, r);
-        if (c.count != 0) reqs_.push_back(x.irecv(rslot(r), Q::template compressed_bytes<T>(c.count), r, tag_gather));
+        const piece_t g = d.piece(r, 0);
+        if (r != me && g.values.count != 0) reqs_.push_back(x.irecv(ws + d.gather_slot(r), g.bytes, r, tag_gather));
       }
-      if (mine_bytes != 0)
-        for (int step = 1; step < p; ++step) reqs_.push_back(x.isend(own, mine_bytes, (me + step) % p, tag_gather));
+      if (mine.bytes != 0)
+        for (int step = 1; step < p; ++step) reqs_.push_back(x.isend(ws + d.send_slot(me), mine.bytes, d.to(me, step), tag_gather));
       x.wait_all(std::span(reqs_));
       reqs_.clear();
       for (int r = 0; r < p; ++r) {
-        if (r == me) continue;
-        const chunk c = chunk_of(n, p, r);
-        if (c.count != 0) Q::template decompress<T>(rslot(r), c.count, buf + c.begin, ex);
+        const piece_t g = d.piece(r, 0);
+        if (r != me && g.values.count != 0) Q::template decompress<T>(ws + d.gather_slot(r), g.values.count, buf + g.values.begin, ex);
       }
     }
 
@@ -265,23 +214,31 @@ struct scatter_reduce_allgather {
     static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule); }
 
    private:
+    using description = ::cgx::schedule::sra;
+    using piece_t = description::piece_t;
+    static constexpr ::cgx::schedule::size_fn bytes = &Q::template compressed_bytes<T>;
+
     static constexpr int tag_scatter = 0x6367;
     static constexpr int tag_gather = 0x6368;
 
-    static constexpr std::size_t max_pieces = 8;
-    static constexpr std::size_t piece_bytes = std::size_t{1} << 20;  // uncompressed input per piece, at least
+    static constexpr std::size_t max_pieces = description::max_pieces;
 
-    /// Compressed bytes of the largest chunk, whole or in run()'s pieces.
-    static std::size_t slot_bytes(std::size_t n, int p) {
-      const int K = pieces(n, p);
-      std::size_t most = 0;
-      for (int r = 0; r < p; ++r) {
-        const std::size_t count = chunk_of(n, p, r).count;
-        std::size_t sum = 0;
-        for (int k = 0; k < K; ++k) sum += Q::template compressed_bytes<T>(comm::chunk_of(count, K, k, granule).count);
-        most = std::max({most, sum, Q::template compressed_bytes<T>(count)});
+    /// The owner me adds the other ranks' decoded parts of piece m to its own, in the
+    /// description's order, each as soon as it has arrived (wait(r) waits for rank r's).
+    template <class Wait>
+    static void add_parts(const description& d, int me, const piece_t& m, T* buf, std::byte* ws, quant::host_exec ex, Wait&& wait) {
+      for (int i = 0; i + 1 < d.p; ++i) {
+        const int r = description::addend(me, i);
+        wait(r);
+        Q::template decompress_add<T>(ws + d.recv_slot(r) + m.offset, m.values.count, buf + m.values.begin, ex);
       }
-      return round_to_line(most);
+    }
+
+    /// The sum is quantized once, into `out`; the owner keeps the decoded bytes, like everyone else.
+    static void compress_sum(const description& d, int me, const piece_t& m, T* buf, std::byte* out, const quant::rng_state& rng,
+                             quant::host_exec ex) {
+      Q::template compress<T>(buf + m.values.begin, m.values.count, out, ::cgx::schedule::keyed(rng, d.sum_key(me, m.values)), ex);
+      if constexpr (!Q::lossless) Q::template decompress<T>(out, m.values.count, buf + m.values.begin, ex);
     }
 
     std::vector<typename X::request> reqs_, sends_;

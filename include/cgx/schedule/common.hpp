@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "../comm/chunking.hpp"
+#include "../quant/rounding.hpp"
 
 namespace cgx::schedule {
 
@@ -37,6 +38,14 @@ struct key {
   std::size_t position;   ///< added to rng_state::position
   friend constexpr bool operator==(const key&, const key&) = default;
 };
+
+/// The generator state of a compression with key k in a call whose state is `call`.
+constexpr quant::rng_state keyed(const quant::rng_state& call, const key& k) {
+  quant::rng_state s = call;
+  s.stream = k.stream;
+  s.position = call.position + k.position;
+  return s;
+}
 
 /// The phases a message or compression belongs to (a message is matched by phase, peer
 /// and order of posting: transports are FIFO per peer and tag).
