@@ -55,6 +55,8 @@
 #include <string_view>
 
 #include "error.hpp"
+#include "schedule/hierarchical.hpp"
+#include "schedule/sra.hpp"
 
 namespace cgx::model {
 
@@ -202,8 +204,11 @@ inline double wire_time(const traffic& t, const machine& m, double idle_s) {
   return over(t.node_out, m.inter, idle_s) + over(intra, m.intra, idle_s);
 }
 
-/// Pieces per chunk of the pipelined SRA (scatter_reduce_allgather::schedule::pieces).
-inline double sra_pieces(double bytes, int p) { return std::clamp(std::floor(bytes / p / (1 << 20)), 1.0, 8.0); }
+/// Pieces per chunk of the pipelined SRA (schedule::sra::pieces, on chunks of bytes / p).
+inline double sra_pieces(double bytes, int p) {
+  return std::clamp(std::floor(bytes / p / static_cast<double>(schedule::sra::piece_bytes)), 1.0,
+                    static_cast<double>(schedule::sra::max_pieces));
+}
 
 /// predict() with the links' token buckets refilled for `idle_s` seconds.
 inline prediction predict_idle(algorithm a, const problem& pr, const machine& m, double idle_s) {
@@ -267,7 +272,7 @@ inline prediction predict_idle(algorithm a, const problem& pr, const machine& m,
       const auto t2 = ring_traffic(c / L, N, 1);
       // 3. allgather inside the node: raw values, or on two nodes under compression the
       // compressed sums (each rank decodes the L - 1 chunks it receives).
-      const bool crossed = N == 2 && L >= 2 && S / L >= 2 * 1048576.0;  // hierarchical's cross_min_bytes
+      const bool crossed = N == 2 && L >= 2 && S / L >= static_cast<double>(schedule::hierarchical::cross_min_bytes);
       const bool packed = crossed && pr.bits != 0;
       traffic t3;
       t3.rounds = L > 1 ? 1 : 0;

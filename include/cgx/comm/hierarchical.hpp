@@ -70,6 +70,7 @@
 #include "../quant/host_exec.hpp"
 #include "../quant/rounding.hpp"
 #include "../quant/none.hpp"
+#include "../schedule/hierarchical.hpp"
 #include "chunking.hpp"
 #include "uncompressed.hpp"
 
@@ -159,7 +160,7 @@ struct hierarchical {
     /// group): below, its two one-way rounds of larger messages cost more latency than
     /// the shared link loses (on bench/netns-cluster at 1 MiB: 1.4 ms against 1.1 for
     /// the ring; equal at 4 MiB; 30.7 against 35.9 ms at 16 MiB, 142 against 169 at 64).
-    static constexpr std::size_t cross_min_bytes = std::size_t{2} << 20;
+    static constexpr std::size_t cross_min_bytes = ::cgx::schedule::hierarchical::cross_min_bytes;
 
     /// In place sum over all ranks of buf[0..n). Collective.
     void run(T* buf, std::size_t n, X&, std::byte* ws, const quant::rng_state& rng, quant::host_exec ex) {
@@ -183,14 +184,14 @@ struct hierarchical {
         intra_->reduce_scatter(buf, n, *intra_x_, ws, ex);
       } else {
         quant::rng_state r1 = rng;
-        r1.seed = rng.seed ^ 0x1f83d9abfb41bd6bull;
+        r1.seed = rng.seed ^ ::cgx::schedule::hierarchical::intra_seed;
         intra_->run(buf, n, *intra_x_, ws, r1, ex);
       }
       // 2. Chunk l across nodes (its own random stream: a different seed).
       const std::byte* packed = nullptr;  // the crossed exchange's compressed sum of my chunk
       if (mine.count != 0) {
         quant::rng_state r2 = rng;
-        r2.seed = rng.seed ^ 0x5be0cd19137e2179ull;
+        r2.seed = rng.seed ^ ::cgx::schedule::hierarchical::inter_seed;
         r2.position = rng.position + mine.begin;
         // Adds the node's other parts of piece k of my chunk, in rank order (fused only).
         const std::size_t K = cross_pieces(mine.count);
@@ -253,8 +254,8 @@ struct hierarchical {
     static constexpr int tag_back = 0x6382;   // the sum, from the owner
     static constexpr int tag_node = 0x6383;   // fused step 1: a piece of the node sum
 
-    static constexpr std::size_t cross_max_pieces = 8;
-    static constexpr std::size_t cross_piece_bytes = std::size_t{1} << 20;  // uncompressed input per piece, at least
+    static constexpr std::size_t cross_max_pieces = ::cgx::schedule::hierarchical::cross_max_pieces;
+    static constexpr std::size_t cross_piece_bytes = ::cgx::schedule::hierarchical::cross_piece_bytes;
 
     /// Pieces of the crossed exchange for m values (the same on both nodes).
     static std::size_t cross_pieces(std::size_t m) {

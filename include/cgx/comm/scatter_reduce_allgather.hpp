@@ -8,7 +8,8 @@
 ///  2. o compresses the sum once and decodes it into its own buffer.
 ///  3. allgather: o sends the compressed sum to every rank, which decodes it.
 /// Every rank decodes the same bytes with the same code, so all ranks end with the
-/// same bits.
+/// same bits. The pieces, peers, workspace slots, random keys and summation order are
+/// those of the description schedule::sra (schedule/sra.hpp); this file runs it.
 ///
 /// Traffic per rank: (p - 1) / p of the compressed buffer sent in each of the two
 /// phases, i.e. 2 (p - 1)/p * compressed_bytes(n), received likewise; 2 (p - 1) K
