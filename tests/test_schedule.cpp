@@ -4,9 +4,16 @@
 // and size, in the same order per pair), no two compressions of the same values share a
 // random stream, positions are the values' indices, every finished sum is compressed
 // exactly once, bytes sent from the workspace were put there first, and the workspace
-// holds every message.
+// holds every message. And the executors of comm/ (SRA both forms, ring, tree,
+// uncompressed), run rank by rank over a recording transport and codec, post exactly the
+// messages (order, peer, size, workspace offset) and compressions (values, stream,
+// position, offset) their descriptions list.
 #include <doctest/doctest.h>
 
+#include <cgx/comm/ring.hpp>
+#include <cgx/comm/scatter_reduce_allgather.hpp>
+#include <cgx/comm/tree.hpp>
+#include <cgx/comm/uncompressed.hpp>
 #include <cgx/schedule/direct_reduce_scatter.hpp>
 #include <cgx/schedule/hierarchical.hpp>
 #include <cgx/schedule/ring.hpp>
@@ -18,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <span>
 #include <tuple>
 #include <vector>
 
@@ -332,4 +340,186 @@ TEST_CASE("schedule descriptions are constexpr") {
   constexpr auto g = sc::ring::make(1000, 5, 1, &raw_floats);
   static_assert(g.owned(4) == 0 && g.reduce_in(0, 0) == 4);
   CHECK(s.K == 1);
+}
+
+// ---- The executors post what the descriptions say ---------------------------------
+//
+// Each rank's executor runs alone over a transport that records every message and lets
+// it complete at once without moving bytes, with a codec that records every compression
+// and computes nothing (the values are garbage; the schedule is what is compared).
+
+namespace {
+
+struct event {
+  bool send;
+  int peer;
+  std::size_t bytes, offset;  // offset: in the workspace, or in_buffer
+  friend bool operator==(const event&, const event&) = default;
+};
+struct packed {
+  std::size_t begin, count;  // values compressed (index in buf)
+  std::uint32_t stream;
+  std::size_t position, offset;
+  friend bool operator==(const packed&, const packed&) = default;
+};
+
+struct recorder {
+  const std::byte* ws = nullptr;
+  std::size_t ws_bytes = 0;
+  const float* buf = nullptr;
+  std::vector<event> events;
+  std::vector<packed> packs;
+  std::size_t where(const void* ptr) const {
+    const auto* b = static_cast<const std::byte*>(ptr);
+    return b >= ws && b < ws + ws_bytes ? static_cast<std::size_t>(b - ws) : sc::in_buffer;
+  }
+};
+recorder* rec = nullptr;
+
+struct recording_transport {
+  struct request {};
+  int r, p;
+  int rank() const { return r; }
+  int size() const { return p; }
+  request isend(const void* ptr, std::size_t bytes, int peer, int) {
+    rec->events.push_back({true, peer, bytes, rec->where(ptr)});
+    return {};
+  }
+  request irecv(void* ptr, std::size_t bytes, int peer, int) {
+    rec->events.push_back({false, peer, bytes, rec->where(ptr)});
+    return {};
+  }
+  void wait_all(std::span<request>) {}
+  void max_all(std::span<std::int64_t>) {}
+};
+
+template <std::size_t Bucket, sc::size_fn Bytes>
+struct recording_codec {
+  static constexpr std::size_t bucket_size = Bucket;
+  static constexpr bool lossless = Bucket == 0;
+  template <class T>
+  static constexpr std::size_t compressed_bytes(std::size_t n) noexcept {
+    return Bytes(n);
+  }
+  template <class T>
+  static void compress(const T* in, std::size_t n, std::byte* out, const cgx::quant::rng_state& s = {}, cgx::quant::host_exec = {}) {
+    rec->packs.push_back({static_cast<std::size_t>(in - rec->buf), n, s.stream, static_cast<std::size_t>(s.position), rec->where(out)});
+  }
+  template <class T>
+  static void decompress(const std::byte*, std::size_t, T*, cgx::quant::host_exec = {}) {}
+  template <class T>
+  static void decompress_add(const std::byte*, std::size_t, T*, cgx::quant::host_exec = {}) {}
+};
+constexpr std::size_t raw_bytes(std::size_t c) { return 4 * c; }
+using codec_512 = recording_codec<512, &maxmin_like>;
+using codec_raw = recording_codec<0, &raw_bytes>;
+
+// Runs the executor of R for rank r of p on n values and returns what it posted.
+template <class R, class Q, class Run>
+recorder record(int r, int p, std::size_t n, Run&& run) {
+  using S = typename R::template schedule<float, Q, recording_transport>;
+  recorder out;
+  std::vector<std::byte> ws(S::workspace_bytes(n, p) + 1);
+  std::vector<float> buf(n + 1);
+  out.ws = ws.data();
+  out.ws_bytes = ws.size();
+  out.buf = buf.data();
+  rec = &out;
+  recording_transport x{r, p};
+  S sched(x);
+  run(sched, buf.data(), x, ws.data());
+  rec = nullptr;
+  return out;
+}
+
+// What a description says rank r posts and compresses, in the same form.
+template <class D>
+recorder expected(const D& d, int r) {
+  recorder out;
+  d.messages(r, [&](const sc::message& m) {
+    out.events.push_back({m.from == r, m.from == r ? m.to : m.from, m.bytes, m.offset});
+  });
+  d.compressions(r, [&](const sc::compression& c) {
+    out.packs.push_back({c.values.begin, c.values.count, c.k.stream, c.k.position, c.offset});
+  });
+  return out;
+}
+
+// Compressions compared as sets: the description lists them by piece, not in time.
+bool same_packs(std::vector<packed> a, std::vector<packed> b) {
+  auto less = [](const packed& x, const packed& y) {
+    return std::tie(x.stream, x.begin, x.count, x.offset) < std::tie(y.stream, y.begin, y.count, y.offset);
+  };
+  std::sort(a.begin(), a.end(), less);
+  std::sort(b.begin(), b.end(), less);
+  return a == b;
+}
+
+template <class Q, class F>
+void for_each_executor_case(F&& f) {
+  for (int p = 1; p <= 8; ++p)
+    for (std::size_t n : counts(p, Q::bucket_size == 0 ? 1 : Q::bucket_size))
+      if (n < (std::size_t{1} << 22)) f(p, n);  // pipelined SRA up to p = 5 (K = 2, 3); each run allocates n values
+}
+
+template <class Q>
+void check_executors() {
+  constexpr std::size_t g = Q::bucket_size == 0 ? 1 : Q::bucket_size;
+  const sc::size_fn bytes = &Q::template compressed_bytes<float>;
+  const cgx::quant::rng_state rng{};
+  for_each_executor_case<Q>([&](int p, std::size_t n) {
+    for (int r = 0; r < p; ++r) {
+      INFO("p=" << p << " n=" << n << " r=" << r);
+      {
+        const auto got = record<cgx::comm::scatter_reduce_allgather, Q>(
+            r, p, n, [&](auto& s, float* b, auto& x, std::byte* ws) { s.run(b, n, x, ws, rng, {}); });
+        const auto want = expected(sc::sra::pipelined(n, p, g, 4, bytes), r);
+        CHECK_MESSAGE(got.events == want.events, "sra run");
+        CHECK_MESSAGE(same_packs(got.packs, want.packs), "sra run");
+      }
+      {
+        const auto got = record<cgx::comm::scatter_reduce_allgather, Q>(r, p, n, [&](auto& s, float* b, auto& x, std::byte* ws) {
+          s.scatter_reduce(b, n, x, ws, rng, {});
+          s.allgather(b, n, x, ws, {});
+        });
+        const auto d = sc::sra::two_phase(n, p, g, 4, bytes);
+        recorder want = expected(d, r);
+        // The two-phase form posts the allgather's receives after the scatter: compare
+        // per phase (the events of one phase keep their order).
+        std::vector<event> scatter, gather;
+        d.messages(r, [&](const sc::message& m) {
+          (m.ph == sc::phase::scatter ? scatter : gather).push_back({m.from == r, m.from == r ? m.to : m.from, m.bytes, m.offset});
+        });
+        scatter.insert(scatter.end(), gather.begin(), gather.end());
+        CHECK_MESSAGE(got.events == scatter, "sra scatter_reduce + allgather");
+        CHECK_MESSAGE(same_packs(got.packs, want.packs), "sra scatter_reduce + allgather");
+      }
+      {
+        const auto got = record<cgx::comm::ring, Q>(r, p, n, [&](auto& s, float* b, auto& x, std::byte* ws) { s.run(b, n, x, ws, rng, {}); });
+        const auto want = expected(sc::ring::make(n, p, g, bytes), r);
+        CHECK_MESSAGE(got.events == want.events, "ring");
+        CHECK_MESSAGE(same_packs(got.packs, want.packs), "ring");
+      }
+      {
+        const auto got = record<cgx::comm::tree, Q>(r, p, n, [&](auto& s, float* b, auto& x, std::byte* ws) { s.run(b, n, x, ws, rng, {}); });
+        const auto want = expected(sc::tree::make(n, p, g, bytes), r);
+        CHECK_MESSAGE(got.events == want.events, "tree");
+        CHECK_MESSAGE(same_packs(got.packs, want.packs), "tree");
+      }
+      {
+        const auto got =
+            record<cgx::comm::uncompressed, Q>(r, p, n, [&](auto& s, float* b, auto& x, std::byte* ws) { s.run(b, n, x, ws, rng, {}); });
+        const auto want = expected(sc::direct_reduce_scatter::make(n, p, g, 4), r);
+        CHECK_MESSAGE(got.events == want.events, "uncompressed");
+        CHECK(got.packs.empty());
+      }
+    }
+  });
+}
+
+}  // namespace
+
+TEST_CASE("the executors post and compress what the descriptions say (sra, ring, tree, uncompressed)") {
+  check_executors<codec_512>();
+  check_executors<codec_raw>();
 }
