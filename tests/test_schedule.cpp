@@ -7,9 +7,11 @@
 // holds every message. And the executors of comm/ (SRA both forms, ring, tree,
 // uncompressed), run rank by rank over a recording transport and codec, post exactly the
 // messages (order, peer, size, workspace offset) and compressions (values, stream,
-// position, offset) their descriptions list.
+// position, offset) their descriptions list; hierarchical likewise for its own messages
+// (node, cross, back, share) on N x L layouts.
 #include <doctest/doctest.h>
 
+#include <cgx/comm/hierarchical.hpp>
 #include <cgx/comm/ring.hpp>
 #include <cgx/comm/scatter_reduce_allgather.hpp>
 #include <cgx/comm/tree.hpp>
@@ -27,6 +29,7 @@
 #include <string>
 #include <span>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -368,7 +371,9 @@ struct recorder {
   std::size_t ws_bytes = 0;
   const float* buf = nullptr;
   std::vector<event> events;
+  std::vector<int> tags;  // of each event
   std::vector<packed> packs;
+  std::vector<std::uint64_t> seeds;  // of each pack
   std::size_t where(const void* ptr) const {
     const auto* b = static_cast<const std::byte*>(ptr);
     return b >= ws && b < ws + ws_bytes ? static_cast<std::size_t>(b - ws) : sc::in_buffer;
@@ -376,21 +381,29 @@ struct recorder {
 };
 recorder* rec = nullptr;
 
+// Rank r of p; peers are recorded as global ranks base + peer * stride. As a world of
+// N nodes of L ranks (node-major), node() and split() give the node's and the group's.
 struct recording_transport {
   struct request {};
   int r, p;
+  int base = 0, stride = 1;
+  int N = 1, L = 1;
   int rank() const { return r; }
   int size() const { return p; }
-  request isend(const void* ptr, std::size_t bytes, int peer, int) {
-    rec->events.push_back({true, peer, bytes, rec->where(ptr)});
+  request isend(const void* ptr, std::size_t bytes, int peer, int tag) {
+    rec->events.push_back({true, base + peer * stride, bytes, rec->where(ptr)});
+    rec->tags.push_back(tag);
     return {};
   }
-  request irecv(void* ptr, std::size_t bytes, int peer, int) {
-    rec->events.push_back({false, peer, bytes, rec->where(ptr)});
+  request irecv(void* ptr, std::size_t bytes, int peer, int tag) {
+    rec->events.push_back({false, base + peer * stride, bytes, rec->where(ptr)});
+    rec->tags.push_back(tag);
     return {};
   }
   void wait_all(std::span<request>) {}
   void max_all(std::span<std::int64_t>) {}
+  recording_transport node() const { return {r % L, L, r / L * L, 1, 1, L}; }
+  recording_transport split(int local, int) const { return {r / L, N, local, L, N, 1}; }
 };
 
 template <std::size_t Bucket, sc::size_fn Bytes>
@@ -404,6 +417,7 @@ struct recording_codec {
   template <class T>
   static void compress(const T* in, std::size_t n, std::byte* out, const cgx::quant::rng_state& s = {}, cgx::quant::host_exec = {}) {
     rec->packs.push_back({static_cast<std::size_t>(in - rec->buf), n, s.stream, static_cast<std::size_t>(s.position), rec->where(out)});
+    rec->seeds.push_back(s.seed);
   }
   template <class T>
   static void decompress(const std::byte*, std::size_t, T*, cgx::quant::host_exec = {}) {}
@@ -416,16 +430,17 @@ using codec_raw = recording_codec<0, &raw_bytes>;
 
 // Runs the executor of R for rank r of p on n values and returns what it posted.
 template <class R, class Q, class Run>
-recorder record(int r, int p, std::size_t n, Run&& run) {
+recorder record(int r, int p, std::size_t n, Run&& run, int N = 1, int L = 1) {
   using S = typename R::template schedule<float, Q, recording_transport>;
   recorder out;
+  rec = &out;  // the constructor may post nothing, but a hierarchical one splits
   std::vector<std::byte> ws(S::workspace_bytes(n, p) + 1);
   std::vector<float> buf(n + 1);
   out.ws = ws.data();
   out.ws_bytes = ws.size();
   out.buf = buf.data();
   rec = &out;
-  recording_transport x{r, p};
+  recording_transport x{r, p, 0, 1, N, L};
   S sched(x);
   run(sched, buf.data(), x, ws.data());
   rec = nullptr;
@@ -522,4 +537,50 @@ void check_executors() {
 TEST_CASE("the executors post and compress what the descriptions say (sra, ring, tree, uncompressed)") {
   check_executors<codec_512>();
   check_executors<codec_raw>();
+}
+
+TEST_CASE("the hierarchical executor posts and compresses what its description says (node, cross, back, share)") {
+  const std::pair<int, int> layouts[] = {{1, 2}, {2, 1}, {2, 2}, {2, 3}, {3, 2}, {2, 4}};
+  const cgx::quant::rng_state rng{};
+  constexpr std::size_t g = codec_512::bucket_size;
+  auto run = [&]<class Intra, class Inter>(int N, int L, std::size_t n) {
+    using H = cgx::comm::hierarchical<Intra, Inter>;
+    constexpr bool raw_wire = Inter::quantizations(2) == 0;
+    const sc::hierarchical d{n, N, L, g, 4, raw_wire ? &raw_bytes : &maxmin_like, raw_wire, true,
+                             std::is_same_v<Intra, cgx::comm::uncompressed>};
+    for (int r = 0; r < N * L; ++r) {
+      INFO("N=" << N << " L=" << L << " n=" << n << " r=" << r << " intra=" << std::string(Intra::name) << " inter=" << std::string(Inter::name));
+      const int node = r / L, l = r % L;
+      const recorder got = record<H, codec_512>(
+          r, N * L, n, [&](auto& s, float* b, auto& x, std::byte* ws) { s.run(b, n, x, ws, rng, {}); }, N, L);
+      std::vector<event> own;  // hierarchical's own tags: share, cross, back, node
+      for (std::size_t i = 0; i < got.events.size(); ++i)
+        if (got.tags[i] >= 0x6380 && got.tags[i] <= 0x6383) own.push_back(got.events[i]);
+      recorder want;
+      d.messages(node, l, [&](const sc::message& m) {
+        want.events.push_back({m.from == r, m.from == r ? m.to : m.from, m.bytes, m.offset});
+      });
+      d.compressions(node, l, [&](const sc::compression& c) {
+        want.packs.push_back({c.values.begin, c.values.count, c.k.stream, c.k.position, c.offset});
+      });
+      CHECK(own == want.events);
+      // Crossed, every compression on the inter seed is the crossed exchange's (a raw
+      // wire goes through quant::none, which this codec does not see).
+      if (d.crossed(l) && !raw_wire) {
+        std::vector<packed> cross;
+        for (std::size_t i = 0; i < got.packs.size(); ++i)
+          if (got.seeds[i] == (rng.seed ^ sc::hierarchical::inter_seed)) cross.push_back(got.packs[i]);
+        CHECK(same_packs(cross, want.packs));
+      }
+    }
+  };
+  for (auto [N, L] : layouts) {
+    const auto Ls = static_cast<std::size_t>(L);
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{13}, Ls * g + 1, Ls * (std::size_t{1} << 19),
+                          Ls * (std::size_t{3} << 19) + 7}) {
+      run.template operator()<cgx::comm::uncompressed, cgx::comm::ring>(N, L, n);
+      run.template operator()<cgx::comm::uncompressed, cgx::comm::uncompressed>(N, L, n);
+      run.template operator()<cgx::comm::scatter_reduce_allgather, cgx::comm::ring>(N, L, n);
+    }
+  }
 }
