@@ -11,11 +11,13 @@
 /// quantizer Q and values T, `&Q::template compressed_bytes<T>`). An executor (the
 /// reducers in comm/) runs it; tests/test_schedule.cpp checks it alone.
 ///
-/// Every description can list, for one rank, in the order the rank posts them:
-///  - `messages(r, f)`: f(message) for each send and each receive of rank r;
+/// Every description can list, for one rank:
+///  - `messages(r, f)`: f(message) for each send and each receive of rank r, in the
+///    order the executor posts them (transports match messages FIFO per peer and tag);
 ///  - `compressions(r, f)`: f(compression) for each compression rank r makes;
 ///  - `results(r, f)`: f(chunk) for each range rank r decodes (or keeps) as final.
-/// These lists are what the unit test checks; executors use the direct functions.
+/// These lists are what tests/test_schedule.cpp checks, alone and against the
+/// executors (run over a recording transport); executors use the direct functions.
 
 #include <cstddef>
 #include <cstdint>
