@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <span>
 #include <tuple>
@@ -110,17 +111,15 @@ void check_common(const world& w) {
   for (int r = 0; r < w.p; ++r) {
     CHECK_MESSAGE(tiles(w.results[r], w.n), "rank " << r << " does not end with every value exactly once");
     for (const sc::message& m : w.msgs[r]) {
-      CHECK((m.from == r || m.to == r));
-      CHECK(m.from != m.to);
-      CHECK((m.from >= 0 && m.from < w.p && m.to >= 0 && m.to < w.p));
-      CHECK(m.values.count != 0);
-      CHECK(m.values.begin + m.values.count <= w.n);
-      if (m.offset != sc::in_buffer) CHECK(m.offset + m.bytes <= w.workspace);
+      const bool peers = (m.from == r || m.to == r) && m.from != m.to && m.from >= 0 && m.from < w.p && m.to >= 0 && m.to < w.p;
+      const bool values = m.values.count != 0 && m.values.begin + m.values.count <= w.n;
+      const bool fits = m.offset == sc::in_buffer || m.offset + m.bytes <= w.workspace;
+      if (!(peers && values && fits)) CHECK_MESSAGE(false, "rank " << r << ": message " << m.from << " -> " << m.to << " of values "
+                                                                 << m.values.begin << "+" << m.values.count << " at " << m.offset);
     }
-    for (const sc::compression& c : w.comps[r]) {
-      CHECK(c.k.position == c.values.begin);
-      CHECK(c.offset <= w.workspace);
-    }
+    for (const sc::compression& c : w.comps[r])
+      if (c.k.position != c.values.begin || c.offset > w.workspace)
+        CHECK_MESSAGE(false, "rank " << r << ": compression of " << c.values.begin << " at position " << c.k.position);
   }
   // Per ordered pair and phase: the sends of one equal the receives of the other, in order.
   using sig = std::tuple<int, std::size_t, std::size_t, std::size_t>;  // step, begin, count, bytes
@@ -156,12 +155,12 @@ void check_sources(const world& w, sc::size_fn bytes) {
     std::vector<std::pair<std::size_t, std::size_t>> held;  // (offset, begin) written so far
     for (const sc::compression& c : w.comps[r]) held.emplace_back(c.offset, c.values.begin);
     for (const sc::message& m : w.msgs[r]) {
-      CHECK(m.bytes == bytes(m.values.count));
+      if (m.bytes != bytes(m.values.count)) CHECK_MESSAGE(false, "rank " << r << ": message of " << m.values.count << " values, " << m.bytes << " bytes");
       if (m.to == r) {
         held.emplace_back(m.offset, m.values.begin);
       } else {
         const bool found = std::find(held.begin(), held.end(), std::pair{m.offset, m.values.begin}) != held.end();
-        CHECK_MESSAGE(found, "rank " << r << " sends values " << m.values.begin << " from " << m.offset << " before writing them");
+        if (!found) CHECK_MESSAGE(false, "rank " << r << " sends values " << m.values.begin << " from " << m.offset << " before writing them");
       }
     }
   }
@@ -284,7 +283,7 @@ TEST_CASE("schedule::direct_reduce_scatter: coverage and matching messages, no c
       CHECK(w.comps[r].empty());
       std::vector<chunk> parts;  // the part slots receive at once: disjoint
       for (const sc::message& m : w.msgs[r]) {
-        CHECK(m.bytes == 4 * m.values.count);
+        if (m.bytes != 4 * m.values.count) CHECK_MESSAGE(false, "raw message of " << m.values.count << " values, " << m.bytes << " bytes");
         if (m.ph == sc::phase::scatter && m.to == r) parts.push_back({m.offset, m.bytes});
       }
       CHECK(disjoint(parts));
@@ -434,15 +433,17 @@ recorder record(int r, int p, std::size_t n, Run&& run, int N = 1, int L = 1) {
   using S = typename R::template schedule<float, Q, recording_transport>;
   recorder out;
   rec = &out;  // the constructor may post nothing, but a hierarchical one splits
-  std::vector<std::byte> ws(S::workspace_bytes(n, p) + 1);
-  std::vector<float> buf(n + 1);
-  out.ws = ws.data();
-  out.ws_bytes = ws.size();
-  out.buf = buf.data();
+  // Never read: the codec computes nothing (so no zeroing of large buffers either).
+  const std::size_t ws_bytes = S::workspace_bytes(n, p) + 1;
+  const std::unique_ptr<std::byte[]> ws(new std::byte[ws_bytes]);
+  const std::unique_ptr<float[]> buf(new float[n + 1]);
+  out.ws = ws.get();
+  out.ws_bytes = ws_bytes;
+  out.buf = buf.get();
   rec = &out;
   recording_transport x{r, p, 0, 1, N, L};
   S sched(x);
-  run(sched, buf.data(), x, ws.data());
+  run(sched, buf.get(), x, ws.get());
   rec = nullptr;
   return out;
 }
@@ -474,7 +475,7 @@ template <class Q, class F>
 void for_each_executor_case(F&& f) {
   for (int p = 1; p <= 8; ++p)
     for (std::size_t n : counts(p, Q::bucket_size == 0 ? 1 : Q::bucket_size))
-      if (n < (std::size_t{1} << 22)) f(p, n);  // pipelined SRA up to p = 5 (K = 2, 3); each run allocates n values
+      if (n < (std::size_t{1} << 21)) f(p, n);  // pipelined SRA (K = 3) at p = 2
 }
 
 template <class Q>
@@ -521,7 +522,7 @@ void check_executors() {
         CHECK_MESSAGE(got.events == want.events, "tree");
         CHECK_MESSAGE(same_packs(got.packs, want.packs), "tree");
       }
-      {
+      if (n < (std::size_t{1} << 20)) {  // it sums raw values for real: keep it small
         const auto got =
             record<cgx::comm::uncompressed, Q>(r, p, n, [&](auto& s, float* b, auto& x, std::byte* ws) { s.run(b, n, x, ws, rng, {}); });
         const auto want = expected(sc::direct_reduce_scatter::make(n, p, g, 4), r);
@@ -577,7 +578,10 @@ TEST_CASE("the hierarchical executor posts and compresses what its description s
   for (auto [N, L] : layouts) {
     const auto Ls = static_cast<std::size_t>(L);
     for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{13}, Ls * g + 1, Ls * (std::size_t{1} << 19),
-                          Ls * (std::size_t{3} << 19) + 7}) {
+                          Ls * (std::size_t{1} << 19) + 4099}) {  // crossed, 2 pieces
+      // Large counts cross groups only on two nodes; elsewhere they repeat the small
+      // ones, at the price of real raw sums over millions of values (sanitizer builds).
+      if (n >= (std::size_t{1} << 19) && (N != 2 || L > 3)) continue;
       run.template operator()<cgx::comm::uncompressed, cgx::comm::ring>(N, L, n);
       run.template operator()<cgx::comm::uncompressed, cgx::comm::uncompressed>(N, L, n);
       run.template operator()<cgx::comm::scatter_reduce_allgather, cgx::comm::ring>(N, L, n);
