@@ -21,6 +21,7 @@
 #include "concepts.hpp"
 #include "plan_common.hpp"
 #include "quant/host_exec.hpp"
+#include "detail/tags.hpp"
 
 namespace cgx {
 
@@ -107,7 +108,7 @@ class allgather_plan : public detail::plan_base<X> {
   }
 
  private:
-  static constexpr int tag = 0x6374;  // distinct from every reducer's tags
+  static constexpr int tag = cgx::detail::tag_value(cgx::detail::tag::allgather);
   static std::int64_t signature() { return detail::plan_signature<T, Q>("allgather").value(); }
 
   std::vector<typename X::request> reqs_;

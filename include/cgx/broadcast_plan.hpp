@@ -21,6 +21,7 @@
 #include "concepts.hpp"
 #include "plan_common.hpp"
 #include "quant/host_exec.hpp"
+#include "detail/tags.hpp"
 
 namespace cgx {
 
@@ -110,7 +111,7 @@ class broadcast_plan : public detail::plan_base<X> {
   }
 
  private:
-  static constexpr int tag = 0x6375;  // distinct from every reducer's tags
+  static constexpr int tag = cgx::detail::tag_value(cgx::detail::tag::broadcast);
 
   std::vector<typename X::request> reqs_;
 };

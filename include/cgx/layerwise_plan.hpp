@@ -40,6 +40,7 @@
 #include "plan_common.hpp"
 #include "quant/host_exec.hpp"
 #include "quant/rounding.hpp"
+#include "detail/tags.hpp"
 
 namespace cgx {
 
@@ -172,8 +173,8 @@ class layerwise_base {
   layerwise_base& operator=(const layerwise_base&) = delete;
 
  protected:
-  static constexpr int tag_scatter = 0x6369;
-  static constexpr int tag_gather = 0x636a;
+  static constexpr int tag_scatter = cgx::detail::tag_value(cgx::detail::tag::layerwise_scatter);
+  static constexpr int tag_gather = cgx::detail::tag_value(cgx::detail::tag::layerwise_gather);
 
   layerwise_base(X transport, std::size_t n, std::vector<layer> layers, layerwise_options opts)
       : x_(std::move(transport)), layout_(n, std::move(layers)), opts_(opts) {

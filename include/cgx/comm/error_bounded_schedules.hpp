@@ -53,6 +53,7 @@
 #include "ring.hpp"
 #include "scatter_reduce_allgather.hpp"
 #include "varsize.hpp"
+#include "../detail/tags.hpp"
 
 namespace cgx::comm {
 
@@ -192,8 +193,8 @@ struct error_bounded_schedule<scatter_reduce_allgather> {
     }
 
    private:
-    static constexpr int tag_scatter = 0x6390;  // and 0x6391 for payloads
-    static constexpr int tag_gather = 0x6392;   // and 0x6393
+    static constexpr int tag_scatter = cgx::detail::tag_value(cgx::detail::tag::eb_sra_scatter_head);  // + 1: payloads
+    static constexpr int tag_gather = cgx::detail::tag_value(cgx::detail::tag::eb_sra_gather_head);    // + 1: payloads
     varsize_exchange<X> vx_;
   };
 };
@@ -290,8 +291,8 @@ struct error_bounded_schedule<ring> {
     }
 
    private:
-    static constexpr int tag_reduce = 0x6394;  // and 0x6395 for payloads
-    static constexpr int tag_gather = 0x6396;  // and 0x6397
+    static constexpr int tag_reduce = cgx::detail::tag_value(cgx::detail::tag::eb_ring_reduce_head);  // + 1: payloads
+    static constexpr int tag_gather = cgx::detail::tag_value(cgx::detail::tag::eb_ring_gather_head);  // + 1: payloads
     varsize_exchange<X> vx_;
     std::vector<std::size_t> len_;
   };

@@ -73,6 +73,7 @@
 #include "../schedule/hierarchical.hpp"
 #include "chunking.hpp"
 #include "uncompressed.hpp"
+#include "../detail/tags.hpp"
 
 namespace cgx::comm {
 
@@ -249,10 +250,10 @@ struct hierarchical {
     }
 
    private:
-    static constexpr int tag_share = 0x6380;
-    static constexpr int tag_cross = 0x6381;  // to the owner
-    static constexpr int tag_back = 0x6382;   // the sum, from the owner
-    static constexpr int tag_node = 0x6383;   // fused step 1: a piece of the node sum
+    static constexpr int tag_share = cgx::detail::tag_value(cgx::detail::tag::hier_share);
+    static constexpr int tag_cross = cgx::detail::tag_value(cgx::detail::tag::hier_cross);  // to the owner
+    static constexpr int tag_back = cgx::detail::tag_value(cgx::detail::tag::hier_back);   // the sum, from the owner
+    static constexpr int tag_node = cgx::detail::tag_value(cgx::detail::tag::hier_node);   // fused step 1: a piece of the node sum
 
     static constexpr std::size_t cross_max_pieces = ::cgx::schedule::hierarchical::cross_max_pieces;
     static constexpr std::size_t cross_piece_bytes = ::cgx::schedule::hierarchical::cross_piece_bytes;

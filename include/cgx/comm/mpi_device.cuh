@@ -45,6 +45,7 @@
 #include "../error.hpp"
 #include "device_transport.cuh"
 #include "mpi.hpp"
+#include "../detail/tags.hpp"
 
 namespace cgx::comm {
 
@@ -223,7 +224,7 @@ class mpi_device {
   }
 
  private:
-  static constexpr int tag_base = 0x6370;
+  static constexpr int tag_base = cgx::detail::tag_value(cgx::detail::tag::device_even);  // + 1: odd exchanges
 
   /// Waits for `ev` on the host while driving MPI's progress on the receives posted
   /// (MPI_Testall on the first one's requests), polling with a growing sleep.

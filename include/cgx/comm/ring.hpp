@@ -38,6 +38,7 @@
 #include "../quant/host_exec.hpp"
 #include "../quant/rounding.hpp"
 #include "chunking.hpp"
+#include "../detail/tags.hpp"
 
 namespace cgx::comm {
 
@@ -132,8 +133,8 @@ struct ring {
     }
 
    private:
-    static constexpr int tag_reduce = 0x6369;
-    static constexpr int tag_gather = 0x636a;
+    static constexpr int tag_reduce = cgx::detail::tag_value(cgx::detail::tag::ring_reduce);
+    static constexpr int tag_gather = cgx::detail::tag_value(cgx::detail::tag::ring_gather);
 
     static std::size_t slot_bytes(std::size_t n, int p) {
       return round_to_line(Q::template compressed_bytes<T>(largest_chunk(n, p, granule)));

@@ -39,6 +39,7 @@
 #include "chunking.hpp"
 #include "../quant/host_exec.hpp"
 #include "../quant/rounding.hpp"
+#include "../detail/tags.hpp"
 #include "../schedule/sra.hpp"
 
 namespace cgx::comm {
@@ -219,8 +220,8 @@ struct scatter_reduce_allgather {
     using piece_t = description::piece_t;
     static constexpr ::cgx::schedule::size_fn bytes = &Q::template compressed_bytes<T>;
 
-    static constexpr int tag_scatter = 0x6367;
-    static constexpr int tag_gather = 0x6368;
+    static constexpr int tag_scatter = cgx::detail::tag_value(cgx::detail::tag::sra_scatter);
+    static constexpr int tag_gather = cgx::detail::tag_value(cgx::detail::tag::sra_gather);
 
     static constexpr std::size_t max_pieces = description::max_pieces;
 

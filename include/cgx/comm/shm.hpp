@@ -10,7 +10,9 @@
 /// into the ring to dst, a receive drains the ring from src; both advance inside
 /// `wait_all` (and opportunistically when posted), so messages larger than a ring
 /// flow through it in pieces. Messages between one pair are matched in the order they
-/// were posted (tags are not used), which is what every cgx reducer does.
+/// were posted (tags are not used), which every cgx schedule allows for: it posts the
+/// receives from a peer in the order that peer posts its sends (the transport contract
+/// in concepts.hpp).
 ///
 /// Lifetime: rank 0 creates the segment under a fresh unique name, reserves its memory
 /// (posix_fallocate: a /dev/shm too small for it is an error at construction, naming

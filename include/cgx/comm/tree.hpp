@@ -39,6 +39,7 @@
 #include "../quant/host_exec.hpp"
 #include "../quant/rounding.hpp"
 #include "chunking.hpp"
+#include "../detail/tags.hpp"
 
 namespace cgx::comm {
 
@@ -196,12 +197,12 @@ struct tree {
     }
 
    private:
-    static constexpr int tag_fold = 0x6370;
-    static constexpr int tag_halve = 0x6371;
-    // Several chunks travel between the same pair with one tag: MPI's non-overtaking
-    // order matches them, both sides post them in chunk order.
-    static constexpr int tag_double = 0x6372;
-    static constexpr int tag_unfold = 0x6373;
+    static constexpr int tag_fold = cgx::detail::tag_value(cgx::detail::tag::tree_fold);
+    static constexpr int tag_halve = cgx::detail::tag_value(cgx::detail::tag::tree_halve);
+    // Several chunks travel between the same pair with one tag: the transport's order
+    // per pair and tag matches them (concepts.hpp), both sides post them in chunk order.
+    static constexpr int tag_double = cgx::detail::tag_value(cgx::detail::tag::tree_double);
+    static constexpr int tag_unfold = cgx::detail::tag_value(cgx::detail::tag::tree_unfold);
 
     static int pow2(int p) { return static_cast<int>(std::bit_floor(static_cast<unsigned>(p))); }
 

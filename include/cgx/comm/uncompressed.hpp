@@ -25,6 +25,7 @@
 #include "../quant/host_exec.hpp"
 #include "../quant/rounding.hpp"
 #include "chunking.hpp"
+#include "../detail/tags.hpp"
 
 namespace cgx::comm {
 
@@ -114,8 +115,8 @@ struct uncompressed {
     static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule); }
 
    private:
-    static constexpr int tag_scatter = 0x6390;
-    static constexpr int tag_gather = 0x6391;
+    static constexpr int tag_scatter = cgx::detail::tag_value(cgx::detail::tag::uncompressed_scatter);
+    static constexpr int tag_gather = cgx::detail::tag_value(cgx::detail::tag::uncompressed_gather);
 
     static std::size_t slot_bytes(std::size_t n, int p) { return round_to_line(largest_chunk(n, p, granule) * sizeof(T)); }
 
