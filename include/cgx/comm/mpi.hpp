@@ -344,9 +344,10 @@ class mpi {
 
   /// Throws the failure of an earlier call (cgx::error with its code), or a peer's report
   /// that has arrived since (errc::peer_failed or errc::timeout); returns if there is
-  /// none. What a plan calls before a call's first collective step.
-  void throw_if_failed() {
-    if (!fault_->failed && fault_->listen != MPI_REQUEST_NULL) {
+  /// none. What a plan calls before a call's first collective step. With `poll` false it
+  /// makes no MPI call (only this transport's own record).
+  void throw_if_failed(bool poll = true) {
+    if (poll && !fault_->failed && fault_->listen != MPI_REQUEST_NULL) {
       int flag = 0;
       MPI_Test(&fault_->listen, &flag, MPI_STATUS_IGNORE);
       if (flag) {

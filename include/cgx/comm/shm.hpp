@@ -43,9 +43,10 @@
 /// its peers (`abort`); a waiting rank hears it within 100 ms and throws
 /// errc::peer_failed (errc::timeout for a peer's timeout); a wait limit
 /// (`set_wait_limit`, plan_options::timeout_ms) bounds every wait (errc::timeout naming
-/// the ranks waited for). A waiting rank listens only when it may call MPI: MPI
-/// initialized with MPI_THREAD_MULTIPLE, or the wait runs on MPI's main thread (a
-/// start()ed reduction under a lower level hears peers only through its wait limit).
+/// the ranks waited for). A waiting rank listens only when it may call MPI: under
+/// MPI_THREAD_MULTIPLE, or on MPI's main thread under SINGLE or FUNNELED; under SERIALIZED
+/// (where another thread may be inside MPI) it hears peers only through its wait limit,
+/// and a failure of its own is still reported to them.
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -305,8 +306,9 @@ class shm {
   void abort(errc code, const std::string& why) noexcept { base_comm_->abort(code, why); }
   /// True once a wait failed, a peer's failure was heard, or abort() was called.
   [[nodiscard]] bool failed() const noexcept { return base_comm_ && base_comm_->failed(); }
-  /// Throws an earlier failure, or a peer's report that has arrived (see comm::mpi).
-  void throw_if_failed() { base_comm_->throw_if_failed(); }
+  /// Throws an earlier failure, or a peer's report that has arrived (see comm::mpi; the
+  /// report is looked for only where this thread may call MPI, see the file comment).
+  void throw_if_failed() { base_comm_->throw_if_failed(may_call_mpi()); }
 
   /// Collective element-wise maximum over all ranks, through the segment. Uses the
   /// rings like a message exchange with rank 0 (gather, then broadcast).
@@ -389,11 +391,15 @@ class shm {
            std::to_string(static_cast<unsigned long long>(v.f_blocks) * unit);
   }
 
-  /// Whether this thread may call MPI now (to hear a peer's failure report).
+  /// Whether this thread may call MPI now (to hear a peer's failure report): always under
+  /// MPI_THREAD_MULTIPLE; on MPI's main thread under SINGLE and FUNNELED (no other thread
+  /// calls MPI there); never under SERIALIZED, where another thread (a start()ed plan over
+  /// comm::mpi) may be inside MPI at the same time.
   static bool may_call_mpi() noexcept {
     int level = MPI_THREAD_SINGLE;
     MPI_Query_thread(&level);
     if (level == MPI_THREAD_MULTIPLE) return true;
+    if (level == MPI_THREAD_SERIALIZED) return false;
     int main = 0;
     MPI_Is_thread_main(&main);
     return main != 0;
