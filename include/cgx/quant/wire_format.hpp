@@ -52,9 +52,11 @@
 ///   decode(code) = min + code * unit
 /// ```
 ///
-/// Products are rounded on their own (detail::mul_rn: never contracted into an FMA) on
-/// every host path and on the device, and the clamp sits between the product and the
-/// addition: every path produces the same codes and the same decoded values.
+/// Every operation is the IEEE one, rounded to nearest on its own: products are never
+/// contracted into an FMA (detail::mul_rn), nothing is flushed to zero and divisions are
+/// exact, on every host path and on the device under any nvcc flags (detail::add_rn and
+/// friends: inline PTX there), and the clamp sits between the product and the addition:
+/// every path produces the same codes and the same decoded values.
 /// A bucket whose unit is so small that 1/unit overflows (subnormal ranges) multiplies
 /// d by 2^64 (2^256 for double) first and uses inv = 1 / (unit 2^64): exact rescaling.
 /// A bucket holding NaN or +-Inf is stored as {NaN, NaN} with zero codes and decodes to
@@ -180,19 +182,25 @@ CGX_HOST_DEVICE constexpr Meta largest() {
     return 3.40282347e+38f;
   }
 }
+/// The Meta whose bit pattern is `d` (double) or `f` (float).
+template <class Meta>
+CGX_HOST_DEVICE inline Meta from_bits(std::uint64_t d, std::uint32_t f) {
+  Meta v;
+  if constexpr (std::is_same_v<Meta, double>) {
+    std::memcpy(&v, &d, sizeof(v));
+  } else {
+    std::memcpy(&v, &f, sizeof(v));
+  }
+  return v;
+}
 template <class Meta>
 CGX_HOST_DEVICE inline Meta quiet_nan() {
-  if constexpr (std::is_same_v<Meta, double>) {
-    const std::uint64_t bits = 0x7ff8000000000000ull;
-    double v;
-    std::memcpy(&v, &bits, sizeof(v));
-    return v;
-  } else {
-    const std::uint32_t bits = 0x7fc00000u;
-    float v;
-    std::memcpy(&v, &bits, sizeof(v));
-    return v;
-  }
+  return from_bits<Meta>(0x7ff8000000000000ull, 0x7fc00000u);
+}
+/// +Inf of Meta.
+template <class Meta>
+CGX_HOST_DEVICE inline Meta pos_inf() {
+  return from_bits<Meta>(0x7ff0000000000000ull, 0x7f800000u);
 }
 
 /// x, hidden from the optimizer: a value passed through it is the rounded result of
@@ -212,17 +220,129 @@ CGX_HOST_DEVICE CGX_FORCEINLINE V opaque(V x) {
   return x;
 }
 
-/// a * b rounded on its own (never contracted with a following addition).
+// Exact arithmetic of the quantizer: every operation whose result reaches the wire or
+// the output goes through one of the functions below. Each is the IEEE operation
+// rounded to nearest even, on its own: never contracted into an FMA, never flushed to
+// zero, never an approximate division. On the host that is what `a + b`, `a / b` and
+// an opaque product (detail::opaque) compile to, whatever the flags short of
+// -ffast-math. On the device nvcc's flags rewrite even the _rn intrinsics:
+// --use_fast_math or -ftz=true turn __fadd_rn/__fmul_rn/__fdiv_rn into add.rn.ftz.f32,
+// mul.rn.ftz.f32, div.rn.ftz.f32 (subnormal operands and results become 0), comparisons
+// into setp.ftz.f32 and float<->double conversions into cvt.ftz, and -prec-div=false
+// turns a plain `1.0f / x` into rcp.approx. So the device takes fp32 operations from
+// inline PTX without .ftz (ptxas compiles inline PTX as written, whatever the flags),
+// and fp64 ones likewise (fp64 is never flushed, but -fmad=true would contract a plain
+// a * b + c). A device result therefore equals the host's bit for bit under any nvcc
+// flags; the first-use self-test of maxmin.cuh checks it on each device.
+#if defined(__CUDA_ARCH__)
+#define CGX_DETAIL_PTX_BINOP(name, op)                                                     \
+  __device__ __forceinline__ float name(float a, float b) {                               \
+    float r;                                                                               \
+    asm(op ".f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));                                \
+    return r;                                                                              \
+  }                                                                                        \
+  __device__ __forceinline__ double name(double a, double b) {                            \
+    double r;                                                                              \
+    asm(op ".f64 %0, %1, %2;" : "=d"(r) : "d"(a), "d"(b));                                \
+    return r;                                                                              \
+  }
+CGX_DETAIL_PTX_BINOP(ptx_add, "add.rn")
+CGX_DETAIL_PTX_BINOP(ptx_sub, "sub.rn")
+CGX_DETAIL_PTX_BINOP(ptx_mul, "mul.rn")
+CGX_DETAIL_PTX_BINOP(ptx_div, "div.rn")
+#undef CGX_DETAIL_PTX_BINOP
+/// b < a ? b : a, the comparison without .ftz.
+__device__ __forceinline__ float ptx_lower(float a, float b) {
+  float r;
+  asm("{\n\t.reg .pred p;\n\tsetp.lt.f32 p, %2, %1;\n\tselp.f32 %0, %2, %1, p;\n\t}" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+/// b > a ? b : a, the comparison without .ftz.
+__device__ __forceinline__ float ptx_upper(float a, float b) {
+  float r;
+  asm("{\n\t.reg .pred p;\n\tsetp.gt.f32 p, %2, %1;\n\tselp.f32 %0, %2, %1, p;\n\t}" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+#endif
+
+/// a * b rounded on its own (never contracted with a following addition, never flushed).
 template <class M>
 CGX_HOST_DEVICE CGX_FORCEINLINE M mul_rn(M a, M b) {
 #if defined(__CUDA_ARCH__)
-  if constexpr (std::is_same_v<M, double>) {
-    return __dmul_rn(a, b);
-  } else {
-    return __fmul_rn(a, b);
-  }
+  return ptx_mul(a, b);
 #else
   return opaque(a * b);
+#endif
+}
+
+/// a + b, rounded to nearest, never flushed.
+template <class M>
+CGX_HOST_DEVICE CGX_FORCEINLINE M add_rn(M a, M b) {
+#if defined(__CUDA_ARCH__)
+  return ptx_add(a, b);
+#else
+  return a + b;
+#endif
+}
+
+/// a - b, rounded to nearest, never flushed.
+template <class M>
+CGX_HOST_DEVICE CGX_FORCEINLINE M sub_rn(M a, M b) {
+#if defined(__CUDA_ARCH__)
+  return ptx_sub(a, b);
+#else
+  return a - b;
+#endif
+}
+
+/// a / b, correctly rounded (never an approximate reciprocal), never flushed.
+template <class M>
+CGX_HOST_DEVICE CGX_FORCEINLINE M div_rn(M a, M b) {
+#if defined(__CUDA_ARCH__)
+  return ptx_div(a, b);
+#else
+  return a / b;
+#endif
+}
+
+/// b < a ? b : a (a when they compare equal or either is NaN); subnormals compared as
+/// such, not as zero.
+template <class M>
+CGX_HOST_DEVICE CGX_FORCEINLINE M lower(M a, M b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<M, float>) return ptx_lower(a, b);
+#endif
+  return b < a ? b : a;
+}
+
+/// b > a ? b : a (a when they compare equal or either is NaN); see lower().
+template <class M>
+CGX_HOST_DEVICE CGX_FORCEINLINE M upper(M a, M b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<M, float>) return ptx_upper(a, b);
+#endif
+  return b > a ? b : a;
+}
+
+/// float -> double, exact (a subnormal float stays itself; cvt.ftz would give 0).
+CGX_HOST_DEVICE CGX_FORCEINLINE double widen(float v) {
+#if defined(__CUDA_ARCH__)
+  double r;
+  asm("cvt.f64.f32 %0, %1;" : "=d"(r) : "f"(v));
+  return r;
+#else
+  return static_cast<double>(v);
+#endif
+}
+
+/// double -> float, rounded to nearest (a subnormal result is kept, not flushed).
+CGX_HOST_DEVICE CGX_FORCEINLINE float narrow_rn(double v) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("cvt.rn.f32.f64 %0, %1;" : "=f"(r) : "d"(v));
+  return r;
+#else
+  return static_cast<float>(v);
 #endif
 }
 
@@ -251,7 +371,7 @@ struct bucket_params {
 template <int Bits, class Meta>
 CGX_HOST_DEVICE CGX_FORCEINLINE bool is_wide(Meta mn, Meta unit) {
   const Meta top = detail::mul_rn(static_cast<Meta>(detail::levels<Bits>), unit);
-  return detail::is_finite(mn) && detail::is_finite(unit) && !(detail::is_finite(top) && detail::is_finite(mn + top));
+  return detail::is_finite(mn) && detail::is_finite(unit) && !(detail::is_finite(top) && detail::is_finite(detail::add_rn(mn, top)));
 }
 
 /// Scale of one bucket from its extremes. `finite` is false when any value of the
@@ -274,35 +394,35 @@ CGX_HOST_DEVICE inline bucket_params<Meta> make_bucket_params(Meta mn, Meta mx, 
   p.finite = true;
   // +0 for a zero minimum whatever the order in which +0 and -0 were compared: the
   // stored bytes must not depend on the reduction order (host SIMD, scalar, device).
-  mn = mn + Meta(0);
-  mx = mx + Meta(0);
+  mn = detail::add_rn(mn, Meta(0));
+  mx = detail::add_rn(mx, Meta(0));
   p.min = mn;
   Meta unit;
   if constexpr (std::is_same_v<Meta, float>) {
     // The difference of two floats is exact in double; one rounding to float.
-    const double u = (static_cast<double>(mx) - static_cast<double>(mn)) / static_cast<double>(L);
-    unit = u > static_cast<double>(big) ? big : static_cast<float>(u);
+    const double u = detail::div_rn(detail::sub_rn(detail::widen(mx), detail::widen(mn)), static_cast<double>(L));
+    unit = u > static_cast<double>(big) ? big : detail::narrow_rn(u);
   } else {
-    unit = (mx - mn) / L;
+    unit = detail::div_rn(detail::sub_rn(mx, mn), L);
     if (!detail::is_finite(unit)) {
-      unit = mx / L - mn / L;
+      unit = detail::sub_rn(detail::div_rn(mx, L), detail::div_rn(mn, L));
       if (!detail::is_finite(unit)) unit = big;
     }
   }
   p.unit = unit;
   p.scaled = false;
-  p.wide = !detail::is_finite(mx - mn) || is_wide<Bits, Meta>(mn, unit);
+  p.wide = !detail::is_finite(detail::sub_rn(mx, mn)) || is_wide<Bits, Meta>(mn, unit);
   if (p.wide) {
-    p.inv = Meta(1) / unit;  // unit >= max / L: no overflow, no rescaling
+    p.inv = detail::div_rn(Meta(1), unit);  // unit >= max / L: no overflow, no rescaling
     return p;
   }
   if (unit == Meta(0)) {
     p.inv = Meta(0);
   } else {
-    Meta inv = Meta(1) / unit;
+    Meta inv = detail::div_rn(Meta(1), unit);
     if (!detail::is_finite(inv)) {
       p.scaled = true;
-      inv = Meta(1) / (unit * detail::rescale_factor<Meta>());
+      inv = detail::div_rn(Meta(1), detail::mul_rn(unit, detail::rescale_factor<Meta>()));
     }
     p.inv = inv;
   }
@@ -350,18 +470,18 @@ struct rounding_offsets<stochastic> {
 template <int Bits, bool Scaled, class Meta>
 CGX_HOST_DEVICE CGX_FORCEINLINE std::uint32_t encode_value(Meta x, Meta mn, Meta inv, Meta offset) {
   constexpr Meta L = static_cast<Meta>(detail::levels<Bits>);
-  Meta d = x - mn;
-  if constexpr (Scaled) d = d * detail::rescale_factor<Meta>();
+  Meta d = detail::sub_rn(x, mn);
+  if constexpr (Scaled) d = detail::mul_rn(d, detail::rescale_factor<Meta>());
   Meta v = detail::mul_rn(d, inv);
-  v = v < L ? v : L;
-  return static_cast<std::uint32_t>(static_cast<std::int32_t>(v + offset));
+  v = v < L ? v : L;  // v >= 0: a flushed comparison (setp.ftz) would give the same answer
+  return static_cast<std::uint32_t>(static_cast<std::int32_t>(detail::add_rn(v, offset)));
 }
 
 /// Value of one code: min + (code * unit), two roundings (never one fused multiply-add),
 /// on every host path and on the device.
 template <class Meta>
 CGX_HOST_DEVICE CGX_FORCEINLINE Meta decode_value(std::uint32_t code, Meta mn, Meta unit) {
-  return mn + detail::mul_rn(static_cast<Meta>(code), unit);
+  return detail::add_rn(mn, detail::mul_rn(static_cast<Meta>(code), unit));
 }
 
 /// Code of one value of a wide bucket (max - min overflows M): the difference is taken
@@ -371,12 +491,12 @@ CGX_HOST_DEVICE inline std::uint32_t encode_value_wide(Meta x, Meta mn, Meta inv
   constexpr double L = static_cast<double>(detail::levels<Bits>);
   double v;
   if constexpr (std::is_same_v<Meta, float>) {
-    v = detail::mul_rn(static_cast<double>(x) - static_cast<double>(mn), static_cast<double>(inv));
+    v = detail::mul_rn(detail::sub_rn(detail::widen(x), detail::widen(mn)), detail::widen(inv));
   } else {
-    v = detail::mul_rn(x * 0.5 - mn * 0.5, inv * 2.0);
+    v = detail::mul_rn(detail::sub_rn(detail::mul_rn(x, 0.5), detail::mul_rn(mn, 0.5)), detail::mul_rn(inv, 2.0));
   }
   v = v < L ? v : L;
-  return static_cast<std::uint32_t>(static_cast<std::int32_t>(v + static_cast<double>(offset)));
+  return static_cast<std::uint32_t>(static_cast<std::int32_t>(detail::add_rn(v, static_cast<double>(offset))));
 }
 
 /// Value of one code of a wide bucket: min + code * unit with one rounding (the product
@@ -384,7 +504,7 @@ CGX_HOST_DEVICE inline std::uint32_t encode_value_wide(Meta x, Meta mn, Meta inv
 template <class Meta>
 CGX_HOST_DEVICE inline Meta decode_value_wide(std::uint32_t code, Meta mn, Meta unit) {
   if constexpr (std::is_same_v<Meta, float>) {
-    return static_cast<float>(static_cast<double>(mn) + detail::mul_rn(static_cast<double>(code), static_cast<double>(unit)));
+    return detail::narrow_rn(detail::add_rn(detail::widen(mn), detail::mul_rn(static_cast<double>(code), detail::widen(unit))));
   } else {
     // One explicit fma on host and device alike (a contraction left to the compiler
     // could differ between them); the halving is exact.
