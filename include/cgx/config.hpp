@@ -26,6 +26,15 @@
 #define CGX_FORCEINLINE inline
 #endif
 
+/// The phases of the CUDA kernels' bodies (quant/kernel_bodies.hpp): inlined by force on
+/// the device, as the kernels always were; left to the compiler's judgement on the host,
+/// where only tests run them (forced there, their many instantiations compiled slowly).
+#if defined(__CUDA_ARCH__)
+#define CGX_BODY_INLINE __forceinline__
+#else
+#define CGX_BODY_INLINE inline
+#endif
+
 /// An inline function (or template) that the compiler must call rather than inline.
 #if defined(__CUDA_ARCH__)
 #define CGX_NOINLINE __noinline__ inline

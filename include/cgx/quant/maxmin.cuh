@@ -10,12 +10,19 @@
 /// bit for bit, the bytes of `Q::compress` on the host for the same values and the same
 /// `rng_state` (for __half / __nv_bfloat16 input: the host compress of the values
 /// converted to float, which is exact). Decoding gives the host's values too: the product
-/// code * unit is rounded on its own on both sides (detail::mul_rn: __fmul_rn on the
-/// device, where nvcc would otherwise contract `min + code * unit` into an FMA as it does
-/// by default, and an opaque product on the host, where GCC contracts as well: at -O3
-/// -march=native it emits vfmadd231ss for the plain expression, ISO mode or not). A
+/// code * unit is rounded on its own on both sides (detail::mul_rn: inline-PTX mul.rn on
+/// the device, where nvcc would otherwise contract `min + code * unit` into an FMA as it
+/// does by default, and an opaque product on the host, where GCC contracts as well: at
+/// -O3 -march=native it emits vfmadd231ss for the plain expression, ISO mode or not). A
 /// contracted decode would differ by the rounding of the product, which is many ulp of
-/// a result near 0, not only the last bit.
+/// a result near 0, not only the last bit. No device operation is flushed to zero or
+/// approximate under --use_fast_math / -ftz=true / -prec-div=false either (wire_format.hpp,
+/// detail::add_rn and friends).
+///
+/// The kernels' work is written once, as CGX_HOST_DEVICE code over an execution context,
+/// in kernel_bodies.hpp; this file holds the device context (CUB, __syncthreads), the
+/// kernels and their launches. tests/test_kernel_bodies.cpp runs the same bodies on the
+/// host and compares them with the host quantizer, without a GPU.
 ///
 /// Usage, in the style of CUB's `cub::DeviceReduce`:
 /// ```cpp
@@ -53,7 +60,6 @@
 
 #include <cub/block/block_reduce.cuh>
 #include <cub/warp/warp_reduce.cuh>
-#include <cuda/std/limits>
 
 // wire_format.hpp calls std::numeric_limits<>::max()/quiet_NaN() (constexpr __host__
 // functions) from CGX_HOST_DEVICE code; nvcc warns (20013) unless
@@ -69,6 +75,8 @@
 #include "none.hpp"
 #include "rounding.hpp"
 #include "wire_format.hpp"
+#include "kernel_bodies.hpp"
+#include "device_types.hpp"
 #if defined(__NVCC__)
 #pragma nv_diagnostic pop
 #endif
@@ -98,296 +106,95 @@ template <class T>
 inline constexpr bool is_device_value_v = std::is_same_v<T, float> || std::is_same_v<T, double> ||
                                           std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
 
-/// Conversions between an input type and its metadata/arithmetic type (exact for loads).
-template <class T>
-__host__ __device__ __forceinline__ meta_t<T> to_meta(T v) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __half2float(v);
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(v);
-  } else {
-    return v;
-  }
-}
+/// Device execution context of the kernel bodies (kernel_bodies.hpp): one thread per
+/// lane of a group of Shape::group threads; Shape::groups groups per block. The group
+/// reduction is a CUB WarpReduce (logical warp of G threads) or BlockReduce, the barrier
+/// __syncthreads (block-wide: every thread of the block calls it the same number of
+/// times), the shared slot a __shared__ element of the kernel, the count an atomicAdd,
+/// and a lane's state the thread's own registers.
+template <class Shape, class Acc, class Shared>
+struct device_group_ctx {
+  static constexpr unsigned G = Shape::group;
+  using block_reduce_t = cub::BlockReduce<Acc, (Shape::block_reduce ? G : 32)>;
+  using warp_reduce_t = cub::WarpReduce<Acc, (G <= 32 ? G : 32)>;
+  struct warp_storage {
+    typename warp_reduce_t::TempStorage w[Shape::groups];
+  };
+  /// The kernel's __shared__ storage of the reduction.
+  using temp_t = std::conditional_t<Shape::block_reduce, typename block_reduce_t::TempStorage, warp_storage>;
 
-template <class T>
-__host__ __device__ __forceinline__ T from_meta(meta_t<T> v) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __float2half_rn(v);
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16_rn(v);
-  } else {
-    return v;
-  }
-}
+  template <class S>
+  struct lane_array {
+    __device__ __forceinline__ explicit lane_array(unsigned) {}
+    __device__ __forceinline__ S& operator[](unsigned) { return s; }
+    S s;
+  };
 
-/// Min, max and "all finite" of a set of values; the operands of the CUB reduction.
-template <class M>
-struct minmax_acc {
-  M lo;
-  M hi;
-  int finite;
-};
+  temp_t& temp;
+  Shared& slot;
+  unsigned g;
+  unsigned lane;
 
-struct minmax_op {
-  template <class M>
-  __device__ __forceinline__ minmax_acc<M> operator()(const minmax_acc<M>& a, const minmax_acc<M>& b) const {
-    return {b.lo < a.lo ? b.lo : a.lo, b.hi > a.hi ? b.hi : a.hi, a.finite & b.finite};
-  }
-};
-
-constexpr unsigned pow2_ceil(unsigned v) {
-  unsigned p = 1;
-  while (p < v) p *= 2;
-  return p;
-}
-
-/// Thread layout of the compress kernel for a bucket of B values (S = B / 8 positions).
-template <std::size_t B>
-struct compress_shape {
-  static constexpr unsigned S = static_cast<unsigned>(B / 8);
-  /// Threads per bucket: a logical warp (power of two) for S <= 32, else a block of
-  /// up to 256 threads.
-  static constexpr unsigned group = S <= 32 ? pow2_ceil(S) : (S >= 256 ? 256u : (S + 31) / 32 * 32);
-  /// Buckets per block.
-  static constexpr unsigned groups = S <= 32 ? 256 / group : 1;
-  static constexpr unsigned threads = group * groups;
-  /// Positions per thread.
-  static constexpr unsigned per_thread = (S + group - 1) / group;
-  /// Values stay in registers between the reduction and the encoding (else: read twice).
-  static constexpr bool cached = per_thread <= 4;
-  static constexpr bool block_reduce = groups == 1 && group > 32;
-};
-
-template <class M>
-__device__ __forceinline__ void dev_store_meta(std::byte* out, std::size_t i, M mn, M unit, bool aligned) {
-  std::byte* p = out + i * 2 * sizeof(M);
-  if (aligned) {
-    M* q = reinterpret_cast<M*>(p);
-    q[0] = mn;
-    q[1] = unit;
-  } else {
-    const M rec[2] = {mn, unit};
-    unsigned char bytes[sizeof(rec)];
-    std::memcpy(bytes, rec, sizeof(rec));
-    for (std::size_t k = 0; k < sizeof(rec); ++k) reinterpret_cast<unsigned char*>(p)[k] = bytes[k];
-  }
-}
-
-template <class M>
-__device__ __forceinline__ void dev_load_meta(const std::byte* in, std::size_t i, M& mn, M& unit, bool aligned) {
-  const std::byte* p = in + i * 2 * sizeof(M);
-  if (aligned) {
-    const M* q = reinterpret_cast<const M*>(p);
-    mn = q[0];
-    unit = q[1];
-  } else {
-    unsigned char bytes[2 * sizeof(M)];
-    for (std::size_t k = 0; k < sizeof(bytes); ++k) bytes[k] = reinterpret_cast<const unsigned char*>(p)[k];
-    M rec[2];
-    std::memcpy(rec, bytes, sizeof(rec));
-    mn = rec[0];
-    unit = rec[1];
-  }
-}
-
-/// Stores byte q of the word of codes c[0..7] at codes[q S + j], q = 0..Bits-1.
-template <int Bits, int... Q>
-__device__ __forceinline__ void dev_store_planes(std::uint8_t* codes, std::uint32_t S, std::uint32_t j,
-                                                 const std::uint32_t* c, std::integer_sequence<int, Q...>) {
-  ((codes[static_cast<std::size_t>(Q) * S + j] = static_cast<std::uint8_t>(pack_byte<Bits, Q>(c))), ...);
-}
-
-/// Decodes value K of position j (if it exists) into y; Add: y += value. Wide: the
-/// bucket's stored {min, unit} need decode_value_wide (see is_wide in wire_format.hpp).
-template <int Bits, int K, bool Add, bool Wide, class T, class M>
-__device__ __forceinline__ void dev_decode_one(const std::uint32_t* b, M mn, M unit, T* y, std::uint32_t S,
-                                               std::uint32_t j, std::size_t count) {
-  const std::size_t idx = static_cast<std::size_t>(K) * S + j;
-  if (idx < count) {
-    M v;
-    if constexpr (Wide) {
-      v = decode_value_wide<M>(unpack_code<Bits, K>(b), mn, unit);
+  template <class F, class Op>
+  __device__ __forceinline__ Acc reduce(F&& f, Op op) {
+    const Acc a = f(lane);
+    if constexpr (G == 1) {
+      return a;
+    } else if constexpr (Shape::block_reduce) {
+      return block_reduce_t(temp).Reduce(a, op);
     } else {
-      v = decode_value<M>(unpack_code<Bits, K>(b), mn, unit);
-    }
-    if constexpr (Add) {
-      y[idx] = from_meta<T>(to_meta<T>(y[idx]) + v);
-    } else {
-      y[idx] = from_meta<T>(v);
+      return warp_reduce_t(temp.w[g]).Reduce(a, op);
     }
   }
-}
-
-template <int Bits, bool Add, bool Wide, class T, class M, int... K>
-__device__ __forceinline__ void dev_decode_position(const std::uint32_t* b, M mn, M unit, T* y, std::uint32_t S,
-                                                    std::uint32_t j, std::size_t count,
-                                                    std::integer_sequence<int, K...>) {
-  (dev_decode_one<Bits, K, Add, Wide>(b, mn, unit, y, S, j, count), ...);
-}
-
-/// How a finite bucket's values are encoded (bucket_params::scaled / ::wide).
-enum class encoding { plain, scaled, wide };
-
-/// Encodes the positions of one bucket owned by this thread (j = lane + p G).
-template <int Bits, class Rounding, encoding E, class Shape, class T, class M>
-__device__ __forceinline__ void dev_encode_bucket(const T* __restrict__ x, const M (&cache)[Shape::cached ? Shape::per_thread : 1][8],
-                                                  unsigned lane, std::uint32_t S, std::size_t count,
-                                                  const bucket_params<M>& p, std::uint8_t* __restrict__ codes,
-                                                  const rng_state& rng, std::uint64_t gfirst) {
-  CGX_UNROLL_BOUNDED(Shape::per_thread)
-  for (unsigned t = 0; t < Shape::per_thread; ++t) {
-    const std::uint32_t j = lane + t * Shape::group;
-    if (j < S) {
-      const rounding_offsets<Rounding> off(rng, gfirst, j);
-      std::uint32_t c[8];
-      CGX_UNROLL
-      for (int k = 0; k < 8; ++k) {
-        const std::size_t idx = static_cast<std::size_t>(k) * S + j;
-        M v = p.min;
-        if (idx < count) {
-          if constexpr (Shape::cached) {
-            v = cache[t][k];
-          } else {
-            v = to_meta<T>(x[idx]);
-          }
-        }
-        if constexpr (E == encoding::wide) {
-          c[k] = encode_value_wide<Bits, M>(v, p.min, p.inv, off.template get<M>(k));
-        } else {
-          c[k] = encode_value<Bits, E == encoding::scaled>(v, p.min, p.inv, off.template get<M>(k));
-        }
-      }
-      dev_store_planes<Bits>(codes, S, j, c, std::make_integer_sequence<int, Bits>{});
-    }
+  template <class F>
+  __device__ __forceinline__ void leader(F&& f) {
+    if (lane == 0) f();
   }
-}
+  template <class F>
+  __device__ __forceinline__ void each_lane(F&& f) {
+    f(lane);
+  }
+  __device__ __forceinline__ void sync() { __syncthreads(); }
+  __device__ __forceinline__ Shared& shared() { return slot; }
+  __device__ __forceinline__ void count(std::uint32_t* counter) {
+    if (counter != nullptr) atomicAdd(counter, 1u);
+  }
+};
 
-/// Compress: one group of Shape::group threads per bucket, Shape::groups buckets per block.
+/// Compress: one group of Shape::group threads per bucket, Shape::groups buckets per
+/// block; the work is compress_group (kernel_bodies.hpp).
 template <int Bits, std::size_t B, class Rounding, class T>
 __global__ void __launch_bounds__(compress_shape<B>::threads)
     maxmin_compress_kernel(const T* __restrict__ in, std::size_t n, std::byte* __restrict__ out, rng_state rng,
                            bool meta_aligned, std::uint32_t* nonfinite) {
   using M = meta_t<T>;
   using Shape = compress_shape<B>;
-  using layout = wire_layout<Bits, B, M>;
-  using acc_t = minmax_acc<M>;
-  constexpr unsigned G = Shape::group;
+  using ctx_t = device_group_ctx<Shape, minmax_acc<M>, bucket_params<M>>;
   constexpr unsigned NG = Shape::groups;
-  constexpr unsigned P = Shape::per_thread;
-  using block_reduce_t = cub::BlockReduce<acc_t, (Shape::block_reduce ? G : 32)>;
-  using warp_reduce_t = cub::WarpReduce<acc_t, (G <= 32 ? G : 32)>;
-  struct warp_storage {
-    typename warp_reduce_t::TempStorage w[NG];
-  };
-  using temp_t = std::conditional_t<Shape::block_reduce, typename block_reduce_t::TempStorage, warp_storage>;
-  __shared__ temp_t temp;
+  __shared__ typename ctx_t::temp_t temp;
   __shared__ bucket_params<M> params[NG];
 
-  const unsigned g = threadIdx.x / G;
-  const unsigned lane = threadIdx.x % G;
-  const std::size_t nb = layout::buckets(n);
-  auto* codes_base = reinterpret_cast<std::uint8_t*>(out);
-
+  const unsigned g = threadIdx.x / Shape::group;
+  ctx_t ctx{temp, params[g], g, threadIdx.x % Shape::group};
+  const std::size_t nb = wire_layout<Bits, B, M>::buckets(n);
   // Every thread of the block runs the same number of rounds (barriers inside).
   for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * NG; base < nb;
        base += static_cast<std::size_t>(gridDim.x) * NG) {
-    const std::size_t b = base + g;
-    const bool active = b < nb;
-    const std::size_t first = b * B;
-    const std::size_t count = active ? (n - first < B ? n - first : B) : 0;
-    const auto S = static_cast<std::uint32_t>((count + 7) / 8);
-    const T* x = in + first;
-
-    M cache[Shape::cached ? P : 1][8];
-    acc_t a{::cuda::std::numeric_limits<M>::infinity(), -::cuda::std::numeric_limits<M>::infinity(), 1};
-    M chk = M(0);  // NaN once a value is NaN or +-Inf
-    CGX_UNROLL_BOUNDED(P)
-    for (unsigned t = 0; t < P; ++t) {
-      const std::uint32_t j = lane + t * G;
-      if (j < S) {
-        CGX_UNROLL
-        for (int k = 0; k < 8; ++k) {
-          const std::size_t idx = static_cast<std::size_t>(k) * S + j;
-          if (idx < count) {
-            const M v = to_meta<T>(x[idx]);
-            if constexpr (Shape::cached) cache[t][k] = v;
-            a.lo = v < a.lo ? v : a.lo;
-            a.hi = v > a.hi ? v : a.hi;
-            chk = chk + (v - v);
-          }
-        }
-      }
-    }
-    a.finite = chk == M(0) ? 1 : 0;
-
-    acc_t r;
-    if constexpr (G == 1) {
-      r = a;
-    } else if constexpr (Shape::block_reduce) {
-      r = block_reduce_t(temp).Reduce(a, minmax_op{});
-    } else {
-      r = warp_reduce_t(temp.w[g]).Reduce(a, minmax_op{});
-    }
-    if (lane == 0 && active) {
-      const bucket_params<M> p = make_bucket_params<Bits, M>(r.lo, r.hi, r.finite != 0);
-      params[g] = p;
-      dev_store_meta<M>(out, b, p.min, p.unit, meta_aligned);
-      if (!p.finite && nonfinite != nullptr) atomicAdd(nonfinite, 1u);
-    }
-    __syncthreads();
-
-    if (active) {
-      const bucket_params<M> p = params[g];
-      std::uint8_t* codes = codes_base + layout::codes_offset(n, b);
-      const std::uint64_t gfirst = rng.position + first;
-      if (!p.finite) {
-        for (std::uint32_t j = lane; j < S; j += G) {
-          CGX_UNROLL
-          for (int q = 0; q < Bits; ++q) codes[static_cast<std::size_t>(q) * S + j] = 0;
-        }
-      } else if (p.wide) {
-        dev_encode_bucket<Bits, Rounding, encoding::wide, Shape>(x, cache, lane, S, count, p, codes, rng, gfirst);
-      } else if (p.scaled) {
-        dev_encode_bucket<Bits, Rounding, encoding::scaled, Shape>(x, cache, lane, S, count, p, codes, rng, gfirst);
-      } else {
-        dev_encode_bucket<Bits, Rounding, encoding::plain, Shape>(x, cache, lane, S, count, p, codes, rng, gfirst);
-      }
-    }
-    __syncthreads();  // params[] and the reduction's storage are reused by the next round
+    compress_group<Bits, B, Rounding, T>(ctx, in, n, out, rng, meta_aligned, nonfinite, base + g);
   }
 }
 
 inline constexpr unsigned decode_threads = 256;
 
-/// Decompress (Add = false) or decompress-add: one thread per position of the buffer.
+/// Decompress (Add = false) or decompress-add: one thread per position of the buffer;
+/// the work is decode_position (kernel_bodies.hpp).
 template <int Bits, std::size_t B, bool Add, class T>
 __global__ void __launch_bounds__(decode_threads)
     maxmin_decode_kernel(const std::byte* __restrict__ in, std::size_t n, T* __restrict__ out, bool meta_aligned) {
-  using M = meta_t<T>;
-  using layout = wire_layout<Bits, B, M>;
-  constexpr std::size_t SF = B / 8;
-  const std::size_t nb = layout::buckets(n);
-  const std::size_t total = (nb - 1) * SF + layout::slice(n, nb - 1);
-  const auto* codes_base = reinterpret_cast<const std::uint8_t*>(in);
+  const std::size_t total = decode_positions<Bits, B, meta_t<T>>(n);
   for (std::size_t t = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
        t += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const std::size_t b = t / SF;
-    const auto j = static_cast<std::uint32_t>(t - b * SF);
-    const std::size_t first = b * B;
-    const std::size_t count = n - first < B ? n - first : B;
-    const auto S = static_cast<std::uint32_t>((count + 7) / 8);
-    M mn, unit;
-    dev_load_meta<M>(in, b, mn, unit, meta_aligned);
-    const std::uint8_t* codes = codes_base + layout::codes_offset(n, b);
-    std::uint32_t w[Bits];
-    CGX_UNROLL
-    for (int q = 0; q < Bits; ++q) w[q] = codes[static_cast<std::size_t>(q) * S + j];
-    if (is_wide<Bits, M>(mn, unit)) {
-      dev_decode_position<Bits, Add, true>(w, mn, unit, out + first, S, j, count, std::make_integer_sequence<int, 8>{});
-    } else {
-      dev_decode_position<Bits, Add, false>(w, mn, unit, out + first, S, j, count, std::make_integer_sequence<int, 8>{});
-    }
+    decode_position<Bits, B, Add, T>(in, n, out, meta_aligned, t);
   }
 }
 
@@ -396,7 +203,7 @@ template <class T>
 __global__ void __launch_bounds__(decode_threads) add_kernel(const T* __restrict__ x, std::size_t n, T* __restrict__ y) {
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    y[i] = from_meta<T>(to_meta<T>(y[i]) + to_meta<T>(x[i]));
+    add_value<T>(x, y, i);
   }
 }
 
