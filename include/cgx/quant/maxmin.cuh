@@ -17,7 +17,8 @@
 /// contracted decode would differ by the rounding of the product, which is many ulp of
 /// a result near 0, not only the last bit. No device operation is flushed to zero or
 /// approximate under --use_fast_math / -ftz=true / -prec-div=false either (wire_format.hpp,
-/// detail::add_rn and friends).
+/// detail::add_rn and friends), and a self-test checks it at first use on each device
+/// (device_self_test below): a difference throws cgx::error instead of diverging silently.
 ///
 /// The kernels' work is written once, as CGX_HOST_DEVICE code over an execution context,
 /// in kernel_bodies.hpp; this file holds the device context (CUB, __syncthreads), the
@@ -50,7 +51,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <vector>
 #include <type_traits>
 #include <utility>
 
@@ -222,7 +225,135 @@ inline unsigned grid_for(std::size_t work, std::size_t per_block) {
   return static_cast<unsigned>(blocks < cap ? blocks : cap);
 }
 
+// ---- first-use self-test --------------------------------------------------------------
+// In an unnamed namespace on purpose: each translation unit gets its own copy, compiled
+// with that unit's nvcc flags (--use_fast_math, -ftz=true, -prec-div=false ...), with its
+// own "done" flags. An inline function would be merged by the linker into one copy from
+// whichever unit it picked; this way the device<maxmin> call that runs (itself one
+// merged copy) calls the self-test compiled with the same flags as the kernels it
+// launches.
+namespace {
+
+/// The quantizer the self-test runs: 5 bits, buckets of 64, stochastic rounding.
+using self_test_quantizer = maxmin<5, 64, stochastic>;
+inline constexpr std::size_t self_test_bucket = 64;
+inline constexpr std::size_t self_test_n = 5 * self_test_bucket - 3;  // a partial last bucket
+
+/// Fixed input of the self-test in M: bucket 0 normal values, 1 a wide range (max - min
+/// overflows M), 2 subnormal values (rescaled encoding: 1/unit overflows), 3 a range
+/// from a subnormal to tiny normals, 4 (partial) normal values around a large offset.
+template <class M>
+void self_test_input(M* x) {
+  const M big = largest<M>();
+  M tiny = M(1);  // the smallest subnormal of M
+  for (int e = 0; e < (std::is_same_v<M, double> ? 1074 : 149); ++e) tiny = tiny / M(2);
+  for (std::size_t i = 0; i < self_test_n; ++i) {
+    const std::size_t b = i / self_test_bucket, k = i % self_test_bucket;
+    const M f = static_cast<M>((k * 37) % 61) / M(61);  // in [0, 1)
+    switch (b) {
+      case 0: x[i] = (f - M(0.4)) * M(3.75); break;
+      case 1: x[i] = (f * M(2) - M(1)) * big * M(0.875); break;
+      case 2: x[i] = (f - M(0.25)) * tiny * M(4000); break;
+      case 3: x[i] = k == 5 ? tiny * M(3) : f * tiny * M(1e9); break;
+      default: x[i] = M(1e4) + f * M(0.001); break;
+    }
+  }
+}
+
+/// Compresses and decodes the fixed buckets with the device kernels of this translation
+/// unit and with the host code; throws cgx::error (errc::cuda) if a byte or a decoded
+/// value differs.
+template <class M>
+void self_test_type(cudaStream_t s) {
+  using Q = self_test_quantizer;
+  constexpr std::size_t n = self_test_n;
+  const std::size_t bytes = Q::compressed_bytes<M>(n);
+  M x[n];
+  self_test_input<M>(x);
+  const rng_state rng{.seed = 0x5e1f7e57u, .counter = 3, .stream = 1, .position = (std::uint64_t{1} << 32) + 5};
+  std::byte ref[Q::compressed_bytes<M>(self_test_n)];
+  M ref_dec[n];
+  Q::compress(x, n, ref, rng);
+  Q::decompress(ref, n, ref_dec);
+
+  void* mem = nullptr;
+  check_cuda(cudaMalloc(&mem, n * sizeof(M) * 2 + bytes), "cgx::quant::device<maxmin> self-test: cudaMalloc");
+  struct freer {
+    void* p;
+    ~freer() { (void)cudaFree(p); }
+  } guard{mem};
+  M* d_x = static_cast<M*>(mem);
+  M* d_y = d_x + n;
+  auto* d_wire = reinterpret_cast<std::byte*>(d_y + n);
+  std::byte got[sizeof(ref)];
+  M got_dec[n];
+  check_cuda(cudaMemcpyAsync(d_x, x, sizeof(x), cudaMemcpyHostToDevice, s), "cgx self-test: cudaMemcpyAsync");
+  using shape = compress_shape<self_test_bucket>;
+  maxmin_compress_kernel<5, self_test_bucket, stochastic, M>
+      <<<grid_for(n / self_test_bucket + 1, shape::groups), shape::threads, 0, s>>>(d_x, n, d_wire, rng, true, nullptr);
+  check_cuda(cudaGetLastError(), "cgx self-test: compress launch");
+  maxmin_decode_kernel<5, self_test_bucket, false, M><<<1, decode_threads, 0, s>>>(d_wire, n, d_y, true);
+  check_cuda(cudaGetLastError(), "cgx self-test: decode launch");
+  check_cuda(cudaMemcpyAsync(got, d_wire, bytes, cudaMemcpyDeviceToHost, s), "cgx self-test: cudaMemcpyAsync");
+  check_cuda(cudaMemcpyAsync(got_dec, d_y, sizeof(got_dec), cudaMemcpyDeviceToHost, s), "cgx self-test: cudaMemcpyAsync");
+  check_cuda(cudaStreamSynchronize(s), "cgx self-test: cudaStreamSynchronize");
+  std::size_t bad_byte = bytes, bad_value = n;
+  for (std::size_t i = 0; i < bytes && bad_byte == bytes; ++i)
+    if (got[i] != ref[i]) bad_byte = i;
+  for (std::size_t i = 0; i < n && bad_value == n; ++i) {
+    const bool both_nan = ref_dec[i] != ref_dec[i] && got_dec[i] != got_dec[i];
+    if (!both_nan && std::memcmp(&ref_dec[i], &got_dec[i], sizeof(M)) != 0) bad_value = i;
+  }
+  if (bad_byte != bytes || bad_value != n) {
+    throw error(errc::cuda,
+                std::string("cgx::quant::device<maxmin> self-test: the device's ") +
+                    (sizeof(M) == 8 ? "fp64" : "fp32") + " quantizer " +
+                    (bad_byte != bytes ? "bytes differ from the host's (first at byte " + std::to_string(bad_byte)
+                                       : "decoded values differ from the host's (first at value " +
+                                             std::to_string(bad_value)) +
+                    "); device and host would not agree bit for bit. Was this translation unit compiled "
+                    "with flags that change floating-point arithmetic in a way cgx does not guard against?");
+  }
+}
+
+/// Runs the self-test once per device and translation unit (see above), before the
+/// first kernel of a device<maxmin> call; not while `stream` is being captured into a
+/// graph (it would then run at the first call outside a capture).
+inline void self_test_once(cudaStream_t stream) {
+  static std::mutex m;
+  static std::vector<char> done;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cgx::quant::device<maxmin> self-test: cudaGetDevice");
+  {
+    std::lock_guard<std::mutex> lock(m);
+    if (static_cast<std::size_t>(dev) < done.size() && done[static_cast<std::size_t>(dev)]) return;
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &capture), "cgx::quant::device<maxmin> self-test: cudaStreamIsCapturing");
+  if (capture != cudaStreamCaptureStatusNone) return;
+  cudaStream_t s = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cgx self-test: cudaStreamCreate");
+  struct destroyer {
+    cudaStream_t s;
+    ~destroyer() { (void)cudaStreamDestroy(s); }
+  } guard{s};
+  self_test_type<float>(s);
+  self_test_type<double>(s);
+  std::lock_guard<std::mutex> lock(m);
+  if (done.size() <= static_cast<std::size_t>(dev)) done.resize(static_cast<std::size_t>(dev) + 1, 0);
+  done[static_cast<std::size_t>(dev)] = 1;
+}
+
+}  // namespace
+
 }  // namespace detail
+
+/// Runs the device quantizer's self-test now on the current device (it otherwise runs
+/// before the first device<maxmin> kernel of each translation unit and device): compresses
+/// and decodes fixed buckets (normal, wide and subnormal ranges) on the device and
+/// compares with the host's bytes and values.
+/// \throws cgx::error (errc::cuda) when they differ, or when a CUDA call fails.
+inline void device_self_test() { detail::self_test_once(nullptr); }
 
 /// CUDA kernels of `maxmin<Bits, BucketSize, Rounding>`. Input types: float, __half,
 /// __nv_bfloat16 (fp32 metadata and fp32 arithmetic) and double (fp64). All calls are
@@ -251,6 +382,7 @@ struct device<maxmin<Bits, BucketSize, Rounding>> {
     static_assert(detail::is_device_value_v<T>,
                   "cgx::quant::device<maxmin>: input must be float, double, __half or __nv_bfloat16");
     if (n == 0) return;
+    detail::self_test_once(stream);
     using M = meta_t<T>;
     using shape = detail::compress_shape<BucketSize>;
     const std::size_t nb = wire_layout<Bits, BucketSize, M>::buckets(n);
@@ -282,6 +414,7 @@ struct device<maxmin<Bits, BucketSize, Rounding>> {
     static_assert(detail::is_device_value_v<T>,
                   "cgx::quant::device<maxmin>: output must be float, double, __half or __nv_bfloat16");
     if (n == 0) return;
+    detail::self_test_once(stream);
     using M = meta_t<T>;
     using layout = wire_layout<Bits, BucketSize, M>;
     const std::size_t nb = layout::buckets(n);
