@@ -324,6 +324,19 @@ CGX_HOST_DEVICE CGX_FORCEINLINE M upper(M a, M b) {
   return b > a ? b : a;
 }
 
+/// v == 0 (+0 or -0); a subnormal v is not zero (setp.eq.ftz would say it is).
+template <class M>
+CGX_HOST_DEVICE CGX_FORCEINLINE bool is_zero(M v) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<M, float>) {
+    unsigned r;
+    asm("{\n\t.reg .pred p;\n\tsetp.eq.f32 p, %1, 0f00000000;\n\tselp.u32 %0, 1, 0, p;\n\t}" : "=r"(r) : "f"(v));
+    return r != 0;
+  }
+#endif
+  return v == M(0);
+}
+
 /// float -> double, exact (a subnormal float stays itself; cvt.ftz would give 0).
 CGX_HOST_DEVICE CGX_FORCEINLINE double widen(float v) {
 #if defined(__CUDA_ARCH__)
@@ -416,7 +429,7 @@ CGX_HOST_DEVICE inline bucket_params<Meta> make_bucket_params(Meta mn, Meta mx, 
     p.inv = detail::div_rn(Meta(1), unit);  // unit >= max / L: no overflow, no rescaling
     return p;
   }
-  if (unit == Meta(0)) {
+  if (detail::is_zero(unit)) {  // a subnormal unit is rescaled below, under -ftz=true too
     p.inv = Meta(0);
   } else {
     Meta inv = detail::div_rn(Meta(1), unit);
