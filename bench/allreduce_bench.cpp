@@ -70,7 +70,8 @@
 #include <string>
 #include <vector>
 
-// The bucket sizes compiled in (CMake option CGX_BENCH_QUICK: 1024 alone, for CI builds).
+// The bucket sizes compiled in (CMake option CGX_BENCH_QUICK: 1024 alone, and stochastic
+// rounding alone, for CI builds).
 #if defined(CGX_BENCH_ONLY_1024)
 #define CGX_BENCH_BUCKETS 1024
 #else
@@ -278,7 +279,11 @@ runner make_runner(int bits, std::size_t max_count, const options& o) {
       constexpr int B = decltype(b)::value;
       constexpr std::size_t K = static_cast<std::size_t>(decltype(k)::value);
       if (o.rounding == "stochastic") return with_reducer<T, cgx::quant::maxmin<B, K, cgx::quant::stochastic>>(max_count, o);
+#if !defined(CGX_BENCH_ONLY_1024)
       if (o.rounding == "nearest") return with_reducer<T, cgx::quant::maxmin<B, K, cgx::quant::nearest>>(max_count, o);
+#else
+      if (o.rounding == "nearest") usage_error("--rounding nearest is not compiled in (built with CGX_BENCH_QUICK=ON)");
+#endif
       usage_error("unknown rounding " + o.rounding);
     });
   });
