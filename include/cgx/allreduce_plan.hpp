@@ -147,6 +147,7 @@ class allreduce_plan {
   ~allreduce_plan() {
     detail::call_guard::wait_idle(busy_);
     if (in_flight_.load(std::memory_order_acquire)) worker_.join();
+    detail::release_workspace(x_, owned_);
   }
 
   /// The transport (e.g. to read rank() and size()).

@@ -278,6 +278,10 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
     }
     this->init();
   }
+  layerwise_plan(const layerwise_plan&) = delete;
+  layerwise_plan& operator=(const layerwise_plan&) = delete;
+  /// Frees the workspace (kept instead if a failed call left a send MPI may still read).
+  ~layerwise_plan() { detail::release_workspace(this->x_, ws_); }
 
   /// Sums buf[0..n) over all ranks, in place, blocking, layer by layer as set. Collective:
   /// every rank calls it with the same n and the same settings. Throws cgx::error,

@@ -15,10 +15,12 @@
 #include <exception>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "detail/checked.hpp"
 #include "error.hpp"
@@ -200,6 +202,27 @@ inline void require_workspace(std::span<std::byte> ws, std::size_t need, const c
                                      std::to_string(ranks) + " ranks need " + std::to_string(need));
 }
 
+/// Frees a plan's own workspace, unless its transport abandoned sends that MPI may still
+/// read from it after a failed call (comm::mpi::abandoned): then it is kept for the life
+/// of the process.
+template <class X>
+void release_workspace(const X& x, std::unique_ptr<std::byte[]>& ws) noexcept {
+  if constexpr (requires { x.abandoned(); }) {
+    if (x.abandoned() && ws) {
+      static std::mutex lock;
+      static std::vector<std::unique_ptr<std::byte[]>> kept;
+      const std::lock_guard<std::mutex> g(lock);
+      try {
+        kept.push_back(std::move(ws));
+      } catch (...) {
+        (void)ws.release();
+      }
+      return;
+    }
+  }
+  ws.reset();
+}
+
 /// Gives the transport the plan's wait limit (plan_options::timeout_ms), where it takes one.
 template <class X>
 void apply_timeout(X& x, const plan_options& o) {
@@ -296,7 +319,7 @@ class plan_base {
     if (opts_.threads < 1) throw error(errc::invalid_argument, std::string(who_) + ": plan_options::threads must be >= 1");
     apply_timeout(x_, opts_);
   }
-  ~plan_base() = default;
+  ~plan_base() { release_workspace(x_, owned_); }
 
   /// Claims the plan for one call (throws if another thread is in a call of it).
   [[nodiscard]] call_guard claim() { return call_guard(busy_, who_); }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
@@ -341,6 +342,9 @@ class mpi {
 
   /// True once a wait failed, a peer reported a failure, or abort() was called.
   [[nodiscard]] bool failed() const noexcept { return fault_ && fault_->failed; }
+  /// True if a failed call left a send pending that MPI could not cancel: MPI may still
+  /// read its buffer, so the plan keeps its workspace for the life of the process.
+  [[nodiscard]] bool abandoned() const noexcept { return fault_ && fault_->abandoned; }
 
   /// Throws the failure of an earlier call (cgx::error with its code), or a peer's report
   /// that has arrived since (errc::peer_failed or errc::timeout); returns if there is
@@ -391,6 +395,7 @@ class mpi {
     std::vector<MPI_Request> sent;          // this rank's reports in flight
     bool failed = false;                    // every later wait throws
     bool told = false;                      // this rank told its peers
+    bool abandoned = false;                 // a send of a failed call was left pending
     errc code = errc::transport;
     std::string what;
     std::vector<MPI_Request> live;  // scratch of wait_all
@@ -454,17 +459,38 @@ class mpi {
 
   /// Cancels what is pending in `reqs`: receives are cancelled and completed; sends are
   /// cancelled where MPI can and otherwise left to finish on their own.
+  /// A send MPI cannot cancel may still read its buffer: it gets up to a second to finish
+  /// (its receiver is usually draining it); one still pending then, or any request of the
+  /// call that was not part of this wait, is left with MPI, and `abandoned()` tells the
+  /// plan to keep its workspace alive (detail::release_workspace).
   void cancel(std::span<request> reqs) noexcept {
+    std::vector<MPI_Request> sends;
     for (auto& q : reqs)
       for (auto& r : q.r) {
         if (r == MPI_REQUEST_NULL) continue;
         --fault_->outstanding;
         MPI_Cancel(&r);
         if (q.send)
-          MPI_Request_free(&r);
+          sends.push_back(r);
         else
           MPI_Wait(&r, MPI_STATUS_IGNORE);
         r = MPI_REQUEST_NULL;
+      }
+    // Requests the schedule posted but was not waiting for here stay with MPI: the
+    // workspace they use must outlive them.
+    if (fault_->outstanding > 0) fault_->abandoned = true;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!sends.empty()) {
+      int done = 0;
+      MPI_Testall(static_cast<int>(sends.size()), sends.data(), &done, MPI_STATUSES_IGNORE);
+      if (done) return;
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(1)) break;
+      std::this_thread::yield();
+    }
+    for (auto& r : sends)
+      if (r != MPI_REQUEST_NULL) {
+        fault_->abandoned = true;
+        MPI_Request_free(&r);
       }
   }
 
@@ -510,8 +536,16 @@ class mpi {
       // After a failure, messages of the abandoned call may still be in flight to or from
       // this rank; freeing the communicators would let MPI give their context ids to new
       // communicators, which those messages could then reach. They are left allocated
-      // (a few KiB per failed transport, until MPI_Finalize).
-      fault_.release();
+      // (a few KiB per failed transport, until MPI_Finalize), and the channel MPI may still
+      // write into is kept for the life of the process.
+      static std::mutex lock;
+      static std::vector<std::unique_ptr<fault_channel>> failed_channels;
+      const std::lock_guard<std::mutex> g(lock);
+      try {
+        failed_channels.push_back(std::move(fault_));
+      } catch (...) {
+        (void)fault_.release();  // out of memory: leak it rather than free what MPI may write
+      }
       comm_ = MPI_COMM_NULL;
       return;
     }

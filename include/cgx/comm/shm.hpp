@@ -304,6 +304,8 @@ class shm {
 
   /// Tells every peer that this rank's call failed (see comm::mpi::abort); never throws.
   void abort(errc code, const std::string& why) noexcept { base_comm_->abort(code, why); }
+  /// False: comm::shm's transfers copy through the segment and never outlive a wait.
+  [[nodiscard]] static constexpr bool abandoned() noexcept { return false; }
   /// True once a wait failed, a peer's failure was heard, or abort() was called.
   [[nodiscard]] bool failed() const noexcept { return base_comm_ && base_comm_->failed(); }
   /// Throws an earlier failure, or a peer's report that has arrived (see comm::mpi; the
