@@ -58,12 +58,15 @@ struct tree {
     return {a.begin, b.begin + b.count - a.begin};
   }
 
-  /// Halving step i (1..levels()) of virtual rank v.
+  /// What virtual rank v does in one halving step.
   struct halving {
     int partner;  ///< virtual rank of the partner
-    int klo, khi; ///< chunks kept
-    int slo, shi; ///< chunks sent
+    int klo;      ///< first chunk kept
+    int khi;      ///< one past the last chunk kept
+    int slo;      ///< first chunk sent
+    int shi;      ///< one past the last chunk sent
   };
+  /// Halving step i (1..levels()) of virtual rank v.
   constexpr halving halve(int v, int i) const {
     const int d = q >> i;
     const int lo = v & ~(2 * d - 1), mid = lo + d, hi = lo + 2 * d;
