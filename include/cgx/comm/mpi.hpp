@@ -34,12 +34,16 @@ inline void check_mpi(int rc, const char* what) {
   }
 }
 
-/// "1, 3 and 4": ranks for messages.
-inline std::string rank_list(const std::vector<int>& ranks) {
-  std::string s;
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    if (i > 0) s += (i + 1 == ranks.size()) ? " and " : ", ";
-    s += std::to_string(ranks[i]);
+/// "waited more than L ms (plan_options::timeout_ms) for ranks 1, 3 and 4": the message
+/// of a transport's expired wait; `peers` may hold repeats, in any order.
+inline std::string waited_for(std::chrono::milliseconds limit, std::vector<int> peers) {
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+  std::string s = "waited more than " + std::to_string(limit.count()) + " ms (plan_options::timeout_ms) for rank" +
+                  (peers.size() == 1 ? " " : "s ");
+  for (std::size_t i = 0; i < peers.size(); ++i) {
+    if (i > 0) s += (i + 1 == peers.size()) ? " and " : ", ";
+    s += std::to_string(peers[i]);
   }
   return s;
 }
@@ -448,13 +452,9 @@ class mpi {
   [[noreturn]] void timed_out(std::span<request> reqs) {
     std::vector<int> peers;
     for (const auto& q : reqs)
-      if ((q.r[0] != MPI_REQUEST_NULL || q.r[1] != MPI_REQUEST_NULL || q.r[2] != MPI_REQUEST_NULL) &&
-          std::find(peers.begin(), peers.end(), q.peer) == peers.end())
+      if (q.r[0] != MPI_REQUEST_NULL || q.r[1] != MPI_REQUEST_NULL || q.r[2] != MPI_REQUEST_NULL)
         peers.push_back(q.peer);
-    std::sort(peers.begin(), peers.end());
-    fail_wait(reqs, errc::timeout, MPI_SUCCESS,
-              "waited more than " + std::to_string(limit_.count()) + " ms (plan_options::timeout) for rank" +
-                  (peers.size() == 1 ? " " : "s ") + detail::rank_list(peers));
+    fail_wait(reqs, errc::timeout, MPI_SUCCESS, detail::waited_for(limit_, std::move(peers)));
   }
 
   /// Cancels what is pending in `reqs`: receives are cancelled and completed; sends are

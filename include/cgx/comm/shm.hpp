@@ -411,12 +411,8 @@ class shm {
   [[noreturn]] void timed_out(std::span<request> reqs) {
     std::vector<int> peers;
     for (const auto& o : pending_)
-      if (std::any_of(reqs.begin(), reqs.end(), [&](const request& r) { return r.id == o.id; }) &&
-          std::find(peers.begin(), peers.end(), o.peer) == peers.end())
-        peers.push_back(o.peer);
-    std::sort(peers.begin(), peers.end());
-    fail(errc::timeout, "waited more than " + std::to_string(limit_.count()) + " ms (plan_options::timeout) for rank" +
-                            (peers.size() == 1 ? " " : "s ") + detail::rank_list(peers));
+      if (std::any_of(reqs.begin(), reqs.end(), [&](const request& r) { return r.id == o.id; })) peers.push_back(o.peer);
+    fail(errc::timeout, detail::waited_for(limit_, std::move(peers)));
   }
 
   /// Tells the peers and throws.
