@@ -17,7 +17,7 @@ enum class errc {
   cuda,              ///< a CUDA runtime call failed
   corrupt,           ///< a received message is malformed or fails its integrity check
   peer_failed,       ///< another rank failed inside this collective call (it told this rank so)
-  timeout,           ///< a wait exceeded plan_options::timeout (the message names the ranks waited for)
+  timeout,           ///< a wait exceeded plan_options::timeout_ms (the message names the ranks waited for)
 };
 
 /// Thrown by every host entry point of cgx on bad input or a failed transport.

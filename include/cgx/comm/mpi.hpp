@@ -49,7 +49,7 @@ inline std::string waited_for(std::chrono::milliseconds limit, std::vector<int> 
 }
 }  // namespace detail
 
-/// How long a transport's waits may last before it gives up (plan_options::timeout).
+/// How long a transport's waits may last before it gives up (plan_options::timeout_ms).
 /// Zero: no limit.
 using wait_limit = std::chrono::milliseconds;
 
@@ -71,7 +71,7 @@ using wait_limit = std::chrono::milliseconds;
 /// its peers (`abort`), over a second duplicate of the communicator on which every
 /// wait also listens; a peer that hears it stops waiting and throws errc::peer_failed
 /// (errc::timeout if the failure was a timeout), naming the rank. With a wait limit
-/// (`set_wait_limit`, from plan_options::timeout) a wait that lasts longer throws
+/// (`set_wait_limit`, from plan_options::timeout_ms) a wait that lasts longer throws
 /// errc::timeout naming the ranks it waited for, and tells the peers. After any of
 /// these the transport is failed: every later wait throws at once.
 class mpi {
