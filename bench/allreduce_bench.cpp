@@ -5,7 +5,7 @@
 //       [--bits 2,4,8,32] [--bucket 1024] [--rounding stochastic|nearest]
 //       [--reducer sra|ring|tree|hier] [--transport mpi|shm] [--dtype float|double]
 //       (hier: hierarchical<uncompressed, ring>, exact inside a node, compressed across nodes)
-//       [--native-below SIZE|auto] [--threads N] [--link NAME] [--json FILE]
+//       [--native-below SIZE|auto] [--threads N] [--verify] [--link NAME] [--json FILE]
 //       [--project PROFILE|all] [--bytes SIZE]
 //       [--eb smooth,rough] [--eb-bounds 1e-2,1e-3,1e-4] [--eb-prediction auto,none] [--eb-only]
 //
@@ -24,6 +24,8 @@
 // --threads is plan_options::threads: host threads per rank for (de)compression. The
 // header and every JSON record name the instruction set the host kernels ran with
 // (cgx/quant/host_isa.hpp: chosen at run time; CGX_HOST_ISA=sse2 forces another).
+// --verify is plan_options::verify: every message carries its payload's CRC-32C, checked
+// by the receiver (the header line says so).
 // --link defaults to $CGX_LINK (set by bench/netns-run and bench/netns-cluster).
 // --project prints the cost model's predictions (include/cgx/model.hpp) for 8 to 1024
 // ranks on a named network profile and exits; it needs no MPI launch.
@@ -96,6 +98,7 @@ struct options {
   std::string dtype = "float";
   std::size_t native_below = cgx::default_native_below_bytes;  // --native-below (see the file comment)
   int threads = 1;                                              // --threads: plan_options::threads
+  bool verify = false;                                          // --verify: plan_options::verify
   std::string link = std::getenv("CGX_LINK") ? std::getenv("CGX_LINK") : "none";
   std::string json;
   std::string project;           // --project: print the model's projections and exit
@@ -151,6 +154,7 @@ options parse(int argc, char** argv) {
     else if (a == "-c") o.check = std::atoi(val().c_str());
     else if (a == "--passes") o.passes = std::atoi(val().c_str());
     else if (a == "--threads") o.threads = std::atoi(val().c_str());
+    else if (a == "--verify") o.verify = true;
     else if (a == "--bits") {
       o.bits.clear();
       std::stringstream ss(val());
@@ -237,6 +241,7 @@ cgx::plan_options plan_options_of(const options& o) {
   cgx::plan_options po;
   po.native_below_bytes = o.native_below;
   po.threads = o.threads;
+  po.verify = o.verify;
   return po;
 }
 
@@ -576,9 +581,9 @@ int run(const options& o, int rank, int p) {
   if (rank == 0) {
     std::printf("# allreduce_bench: %d ranks, dtype %s, reducer %s, transport %s, bucket %d, rounding %s, link %s\n", p,
                 o.dtype.c_str(), o.reducer.c_str(), o.transport.c_str(), o.bucket, o.rounding.c_str(), o.link.c_str());
-    std::printf("# host kernels: %s (this CPU's best: %s), %d thread(s) per rank\n",
+    std::printf("# host kernels: %s (this CPU's best: %s), %d thread(s) per rank%s\n",
                 cgx::quant::to_string(cgx::quant::active_host_isa()), cgx::quant::to_string(cgx::quant::detected_host_isa()),
-                o.threads);
+                o.threads, o.verify ? ", messages checksummed (--verify: CRC-32C)" : "");
     if (o.passes == 1)
       std::printf("# time: median over %d iterations (after %d warm-up) of the max over ranks; MPI_Allreduce timed in "
                   "the same loop\n", o.iters, o.warmup);

@@ -8,6 +8,8 @@
 
 #include <mpi.h>
 
+#include <atomic>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -174,4 +176,109 @@ TEST_CASE("a failed plan reports the failure at every later call; a new plan wor
   const auto want = cgx_test::mpi_sum(w);
   fresh(w.data(), n);
   CHECK(w == want);
+}
+
+// ---- Item 4: the optional wire integrity check (plan_options::verify) --------------
+
+namespace {
+std::atomic<int> flips_left{0};
+
+// What a faulty link or memory does: one bit of one received payload flips.
+void flip_one_bit(int /*peer*/, void* data, std::size_t bytes) {
+  if (bytes > 0 && flips_left.fetch_sub(1) > 0) static_cast<unsigned char*>(data)[bytes / 2] ^= 0x10;
+}
+
+cgx::plan_options verified(std::uint32_t timeout_ms = 0) {
+  cgx::plan_options o = local_checks(timeout_ms);
+  o.verify = true;
+  return o;
+}
+
+// Rank 0's first received payload has a flipped bit: it throws errc::corrupt, and so does
+// every other rank (each waits for rank 0's part of the allgather and hears its report),
+// instead of decoding wrong values. Over comm::shm under MPI_THREAD_SERIALIZED a waiting
+// rank hears reports only through its wait limit (see shm.hpp): errc::timeout there.
+template <class R, class X>
+void corrupt_wire(X x, bool listens) {
+  const int r = cgx_test::world_rank();
+  const std::size_t n = 60000;
+  cgx::allreduce_plan<float, Q4, R, X> plan{std::move(x), n, verified(listens ? 0 : 3000)};
+  auto v = cgx_test::inputs<float>(r, n);
+  if (r == 0) {
+    flips_left = 1;
+    cgx::comm::detail::received_payload_hook = &flip_one_bit;
+  }
+  std::string what;
+  std::optional<cgx::errc> code;
+  try {
+    plan(v.data(), n);
+  } catch (const cgx::error& e) {
+    code = e.code();
+    what = e.what();
+  }
+  cgx::comm::detail::received_payload_hook = nullptr;
+  const auto codes = gather_codes(code);
+  CHECK(codes[0] == static_cast<int>(cgx::errc::corrupt));
+  if (r == 0) {
+    INFO(what);
+    CHECK(what.find("CRC-32C") != std::string::npos);
+  }
+  for (std::size_t q = 1; q < codes.size(); ++q)
+    CHECK((codes[q] == static_cast<int>(cgx::errc::corrupt) ||
+           (!listens && codes[q] == static_cast<int>(cgx::errc::timeout))));
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// verify changes nothing but the headers: the same bits as without it.
+template <class R, class X, class MakeX>
+void verified_same_bits(MakeX make) {
+  const int r = cgx_test::world_rank();
+  const std::size_t n = 70001;
+  std::vector<float> plain = cgx_test::inputs<float>(r, n), checked = plain;
+  cgx::allreduce_plan<float, Q4, R, X> a{make(), n, local_checks()};
+  cgx::allreduce_plan<float, Q4, R, X> b{make(), n, verified()};
+  for (int call = 0; call < 2; ++call) {
+    a(plain.data(), n);
+    b(checked.data(), n);
+  }
+  CHECK(std::memcmp(plain.data(), checked.data(), n * sizeof(float)) == 0);
+}
+}  // namespace
+
+TEST_CASE("verify: a bit flipped on the wire throws errc::corrupt on every rank (comm::mpi, SRA and ring)") {
+  if (cgx_test::world_size() < 2) return;
+  SUBCASE("SRA") { corrupt_wire<SRA>(cgx::comm::mpi{MPI_COMM_WORLD}, true); }
+  SUBCASE("ring") { corrupt_wire<Ring>(cgx::comm::mpi{MPI_COMM_WORLD}, true); }
+}
+
+TEST_CASE("verify: a bit flipped in the ring throws errc::corrupt (comm::shm)") {
+  if (cgx_test::world_size() < 2) return;
+  corrupt_wire<SRA>(cgx::comm::shm{MPI_COMM_WORLD}, false);
+}
+
+TEST_CASE("verify: the same bits as without it (comm::mpi, comm::shm, hierarchical)") {
+  SUBCASE("comm::mpi, SRA") { verified_same_bits<SRA, cgx::comm::mpi>([] { return cgx::comm::mpi{MPI_COMM_WORLD}; }); }
+  SUBCASE("comm::shm, ring") { verified_same_bits<Ring, cgx::comm::shm>([] { return cgx::comm::shm{MPI_COMM_WORLD}; }); }
+  SUBCASE("comm::mpi, hierarchical over 2 emulated nodes") {
+    using H = cgx::comm::hierarchical<cgx::comm::uncompressed, SRA>;
+    verified_same_bits<H, cgx::comm::mpi>(
+        [] { return cgx::comm::mpi{MPI_COMM_WORLD, cgx::comm::mpi::nodes{cgx_test::world_rank() % 2}}; });
+  }
+}
+
+TEST_CASE("verify set on some ranks only: errc::mismatch, not a silent unchecked call") {
+  const int r = cgx_test::world_rank();
+  if (cgx_test::world_size() < 2) return;
+  const std::size_t n = 30000;
+  auto v = cgx_test::inputs<float>(r, n);
+  cgx::allreduce_plan<float, Q4, SRA, cgx::comm::mpi> plan{cgx::comm::mpi{MPI_COMM_WORLD}, n,
+                                                           r == 0 ? verified() : local_checks()};
+  const auto codes = gather_codes(cgx_test::error_code_of([&] { plan(v.data(), n); }));
+  int mismatches = 0;
+  for (int c : codes) {
+    CHECK((c == static_cast<int>(cgx::errc::mismatch) || c == static_cast<int>(cgx::errc::peer_failed)));
+    mismatches += c == static_cast<int>(cgx::errc::mismatch);
+  }
+  CHECK(mismatches >= 1);
+  MPI_Barrier(MPI_COMM_WORLD);
 }

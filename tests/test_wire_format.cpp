@@ -151,3 +151,58 @@ TEST_CASE("code layout: 8 bits is the plain code array, 4 bits pairs values j an
       CHECK(p[q * 4 + j] == (lo | (hi << 4)));
     }
 }
+
+// ---- CRC-32C of the optional wire integrity check (plan_options::verify) ----------
+
+#include <cgx/detail/crc32c.hpp>
+
+#include <random>
+
+namespace {
+// Bit by bit from the definition (reflected 0x82F63B78, initial and final XOR ~0).
+std::uint32_t crc32c_bitwise(const unsigned char* p, std::size_t n) {
+  std::uint32_t c = 0xFFFFFFFFu;
+  for (std::size_t i = 0; i < n; ++i) {
+    c ^= p[i];
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ ((c & 1u) ? 0x82F63B78u : 0u);
+  }
+  return ~c;
+}
+}  // namespace
+
+TEST_CASE("crc32c: the published check value, every path equal to the definition at every length and alignment") {
+  using cgx::detail::crc32c;
+  using cgx::detail::crc32c_path;
+  const char* check = "123456789";
+  CHECK(crc32c(crc32c_path::portable, check, 9) == 0xE3069283u);
+  CHECK(crc32c(crc32c_path::hardware, check, 9) == 0xE3069283u);
+  CHECK(crc32c(check, 0) == 0u);
+  // 32 bytes of zeros and of ones (RFC 3720, B.4).
+  const std::vector<unsigned char> zeros(32, 0), ones(32, 0xFF);
+  CHECK(crc32c(crc32c_path::portable, zeros.data(), 32) == 0x8A9136AAu);
+  CHECK(crc32c(crc32c_path::hardware, ones.data(), 32) == 0x62A8AB43u);
+  MESSAGE("hardware CRC-32C path available: " << cgx::detail::crc32c_hardware_available());
+
+  std::mt19937_64 g(7);
+  std::vector<unsigned char> buf(3 * 3 * 4096 + 100);  // spans the three-stream blocks
+  for (auto& b : buf) b = static_cast<unsigned char>(g());
+  std::vector<std::size_t> lengths{0, 1, 7, 8, 9, 63, 64, 4095, 4096, 12287, 12288, 12289, 24576 + 5, buf.size() - 64};
+  for (std::size_t k = 0; k < 40; ++k) lengths.push_back(static_cast<std::size_t>(g() % (buf.size() - 64)));
+  for (std::size_t n : lengths)
+    for (std::size_t off : {0, 1, 3, 8, 13}) {
+      const unsigned char* p = buf.data() + off;
+      const std::uint32_t want = crc32c_bitwise(p, n);
+      INFO("n = " << n << ", offset " << off);
+      CHECK(crc32c(crc32c_path::portable, p, n) == want);
+      CHECK(crc32c(crc32c_path::hardware, p, n) == want);
+      const std::size_t cut = n / 3;  // continuing from the checksum of a prefix
+      CHECK(crc32c(p + cut, n - cut, crc32c(p, cut)) == want);
+    }
+  // One flipped bit anywhere changes it.
+  const std::uint32_t whole = crc32c(buf.data(), buf.size());
+  for (std::size_t at : {std::size_t{0}, std::size_t{4096}, buf.size() / 2, buf.size() - 1}) {
+    buf[at] ^= 0x04;
+    CHECK(crc32c(buf.data(), buf.size()) != whole);
+    buf[at] ^= 0x04;
+  }
+}

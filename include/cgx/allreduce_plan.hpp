@@ -187,7 +187,7 @@ class allreduce_plan {
 
   void validate_options() {
     if (opts_.threads < 1) throw error(errc::invalid_argument, "allreduce_plan: plan_options::threads must be >= 1");
-    detail::apply_timeout(x_, opts_);
+    detail::apply_transport_options(x_, opts_);
   }
 
   /// A number that differs between plans of different T, Q or R.

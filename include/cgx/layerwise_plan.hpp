@@ -55,6 +55,8 @@ struct layerwise_options {
   checking check = checking::automatic;  ///< argument checking level (as allreduce_plan's)
   std::uint64_t seed = 0x63677821u;      ///< seed of stochastic rounding
   int threads = 1;                       ///< host threads for (de)compression, per rank
+  std::uint32_t timeout_ms = 0;          ///< wait limit in ms, 0: none (as plan_options::timeout_ms)
+  bool verify = false;                   ///< checksum every message (as plan_options::verify)
 };
 
 namespace detail {
@@ -179,6 +181,7 @@ class layerwise_base {
   layerwise_base(X transport, std::size_t n, std::vector<layer> layers, layerwise_options opts)
       : x_(std::move(transport)), layout_(n, std::move(layers)), opts_(opts) {
     if (opts_.threads < 1) throw error(errc::invalid_argument, "layerwise_plan: threads must be >= 1");
+    detail::configure_transport(x_, opts_.timeout_ms, opts_.verify);
     sized("layerwise_plan", n, x_.size(), [&] {
       check_raw_bytes(n, sizeof(T));
       return n;

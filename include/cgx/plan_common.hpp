@@ -103,6 +103,13 @@ struct plan_options {
   /// is unusable from then on. Set it above the longest call you expect (a 1 GiB
   /// allreduce over 1 Gbit/s takes seconds), e.g. 60000. Transports: comm::mpi, comm::shm.
   std::uint32_t timeout_ms = 0;
+  /// Checksum every message (CRC-32C in its header, checked by the receiver): a message
+  /// corrupted on the way throws cgx::error(errc::corrupt) on every rank instead of
+  /// decoding into wrong values. Every rank must set the same value (else
+  /// errc::mismatch). Costs a pass over each payload on either side (the SSE 4.2 crc32
+  /// instruction where the CPU has it: several GB/s; measured in bench/README.md).
+  /// Transports: comm::mpi, comm::shm; others refuse it (errc::invalid_argument).
+  bool verify = false;
 };
 
 namespace detail {
@@ -223,11 +230,24 @@ void release_workspace(const X& x, std::unique_ptr<std::byte[]>& ws) noexcept {
   ws.reset();
 }
 
-/// Gives the transport the plan's wait limit (plan_options::timeout_ms), where it takes one.
+/// Gives the transport a plan's wait limit (`timeout_ms`, plan_options::timeout_ms),
+/// where it takes one, and its integrity option (`verify`, plan_options::verify). Throws
+/// cgx::error(errc::invalid_argument) for verify over a transport that cannot checksum.
 template <class X>
-void apply_timeout(X& x, const plan_options& o) {
+void configure_transport(X& x, std::uint32_t timeout_ms, bool verify) {
   if constexpr (requires { x.set_wait_limit(std::chrono::milliseconds(1)); })
-    x.set_wait_limit(std::chrono::milliseconds(o.timeout_ms));
+    x.set_wait_limit(std::chrono::milliseconds(timeout_ms));
+  if constexpr (requires { x.set_verify(true); })
+    x.set_verify(verify);
+  else if (verify)
+    throw error(errc::invalid_argument,
+                "plan_options::verify: this transport cannot checksum its messages (comm::mpi and comm::shm can)");
+}
+
+/// configure_transport with a plan's options.
+template <class X>
+void apply_transport_options(X& x, const plan_options& o) {
+  configure_transport(x, o.timeout_ms, o.verify);
 }
 
 /// Claims a plan for one call, so that two threads never run one plan at once: the
@@ -317,7 +337,7 @@ class plan_base {
   plan_base(X transport, std::size_t max_count, plan_options opts, const char* who)
       : x_(std::move(transport)), max_count_(max_count), opts_(opts), who_(who) {
     if (opts_.threads < 1) throw error(errc::invalid_argument, std::string(who_) + ": plan_options::threads must be >= 1");
-    apply_timeout(x_, opts_);
+    apply_transport_options(x_, opts_);
   }
   ~plan_base() { release_workspace(x_, owned_); }
 

@@ -163,9 +163,21 @@ struct hierarchical {
     /// the ring; equal at 4 MiB; 30.7 against 35.9 ms at 16 MiB, 142 against 169 at 64).
     static constexpr std::size_t cross_min_bytes = ::cgx::schedule::hierarchical::cross_min_bytes;
 
+    /// The node and inter-node transports follow the plan's, call by call: its wait
+    /// limit, integrity option (plan_options::timeout_ms, verify) and call context
+    /// (the in-band headers), where the transport has them.
+    static void inherit(X& sub, const X& parent) {
+      if constexpr (requires { sub.set_wait_limit(parent.wait_limit_value()); })
+        sub.set_wait_limit(parent.wait_limit_value());
+      if constexpr (requires { sub.set_verify(parent.verify()); }) sub.set_verify(parent.verify());
+      if constexpr (requires { sub.begin_call(parent.context()); }) sub.begin_call(parent.context());
+    }
+
     /// In place sum over all ranks of buf[0..n). Collective.
-    void run(T* buf, std::size_t n, X&, std::byte* ws, const quant::rng_state& rng, quant::host_exec ex) {
+    void run(T* buf, std::size_t n, X& x, std::byte* ws, const quant::rng_state& rng, quant::host_exec ex) {
       if (n == 0) return;
+      inherit(*intra_x_, x);
+      inherit(*inter_x_, x);
       const int L = intra_x_->size();
       const int l = intra_x_->rank();
       // With Intra = uncompressed and crossed groups, steps 1 and 2 run fused, piece by

@@ -59,10 +59,15 @@ using wait_limit = std::chrono::milliseconds;
 /// destructor (also collective in MPI's sense: call it before MPI_Finalize).
 /// Move-only. Host buffers only: Debian's Open MPI and MPICH are not CUDA-aware.
 ///
-/// Headers: every message is preceded by a 32-byte header message (detail::wire_header:
+/// Headers: every message is preceded by a 40-byte header message (detail::wire_header:
 /// call number, plan signature, count, payload bytes; see comm::call_context), checked by
 /// the receiver: ranks that disagree on the count or the plan, or are a call apart, get
 /// errc::mismatch at any checking level.
+///
+/// Integrity (`set_verify`, from plan_options::verify): the sender puts the payload's
+/// CRC-32C in the header and the receiver checks it when the payload has arrived; a
+/// mismatch throws errc::corrupt there, and the peers, told as for any failure, throw
+/// errc::corrupt too.
 ///
 /// Failures: cgx's communicators return MPI's errors instead of aborting the job
 /// (MPI_ERRORS_RETURN), and a wait turns them into cgx::error: a message longer or
@@ -70,7 +75,7 @@ using wait_limit = std::chrono::milliseconds;
 /// errc::mismatch, any other MPI error errc::transport. A rank whose call fails tells
 /// its peers (`abort`), over a second duplicate of the communicator on which every
 /// wait also listens; a peer that hears it stops waiting and throws errc::peer_failed
-/// (errc::timeout if the failure was a timeout), naming the rank. With a wait limit
+/// (errc::timeout or errc::corrupt if that was the failure), naming the rank. With a wait limit
 /// (`set_wait_limit`, from plan_options::timeout_ms) a wait that lasts longer throws
 /// errc::timeout naming the ranks it waited for, and tells the peers. After any of
 /// these the transport is failed: every later wait throws at once.
@@ -83,6 +88,7 @@ class mpi {
     MPI_Request r[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     std::size_t bytes[3] = {0, 0, 0};          ///< bytes of each (receives are checked)
     detail::wire_header* header = nullptr;     ///< the header sent, or the one received
+    void* data = nullptr;                      ///< the payload (checked on receipt with verify)
     int peer = -1;                             ///< the other rank
     bool send = false;                         ///< a send (else a receive)
   };
@@ -127,6 +133,7 @@ class mpi {
         size_(o.size_),
         node_color_(o.node_color_),
         limit_(o.limit_),
+        verify_(o.verify_),
         ctx_(o.ctx_),
         call_(o.call_),
         fault_(std::move(o.fault_)) {}
@@ -139,6 +146,7 @@ class mpi {
       size_ = o.size_;
       node_color_ = o.node_color_;
       limit_ = o.limit_;
+      verify_ = o.verify_;
       ctx_ = o.ctx_;
       call_ = o.call_;
       fault_ = std::move(o.fault_);
@@ -239,16 +247,26 @@ class mpi {
     ctx_ = c;
     ++call_;
   }
+  /// The context of the current call (the last begin_call's).
+  [[nodiscard]] call_context context() const noexcept { return ctx_; }
 
   /// Bounds every later wait (zero: no bound). See the class comment.
   void set_wait_limit(wait_limit limit) noexcept { limit_ = limit; }
   /// The bound on waits; zero when there is none.
   [[nodiscard]] wait_limit wait_limit_value() const noexcept { return limit_; }
 
+  /// Checksums every later message (see the class comment); every rank must agree (a
+  /// receiver whose setting differs from its sender's throws errc::mismatch).
+  void set_verify(bool on) noexcept { verify_ = on; }
+  /// Whether messages are checksummed.
+  [[nodiscard]] bool verify() const noexcept { return verify_; }
+
   /// Completes every request in `reqs`. Throws cgx::error: errc::mismatch for a message
-  /// whose length differs from its receive's, errc::peer_failed or errc::timeout when a
-  /// peer reported a failure, errc::timeout when the wait limit passed, errc::transport
-  /// for other MPI errors; and at once if this transport failed before.
+  /// whose length or header differs from its receive's, errc::corrupt for one that fails
+  /// its checksum (set_verify), errc::peer_failed (or the peer's errc::timeout or
+  /// errc::corrupt) when a peer reported a failure, errc::timeout when the wait limit
+  /// passed, errc::transport for other MPI errors; and at once if this transport failed
+  /// before.
   void wait_all(std::span<request> reqs) {
     if (fault_->failed) throw cgx::error(fault_->code, fault_->what);
     auto& live = fault_->live;
@@ -317,13 +335,19 @@ class mpi {
           const std::string why = detail::header_mismatch(*q.header, expected(q.bytes[1] + q.bytes[2]), q.peer);
           if (!why.empty()) fail_wait(reqs, errc::mismatch, MPI_SUCCESS, why);
         }
+        // A checksummed message, header and payload both in (its header was checked).
+        if (verify_ && q.r[0] == MPI_REQUEST_NULL && q.r[1] == MPI_REQUEST_NULL && q.r[2] == MPI_REQUEST_NULL) {
+          const std::string why = detail::payload_corrupt(*q.header, q.data, q.bytes[1] + q.bytes[2], q.peer);
+          if (!why.empty()) fail_wait(reqs, errc::corrupt, MPI_SUCCESS, why);
+        }
       }
     }
     settle();
   }
 
   /// Tells every peer that this rank's call failed with `code` (they throw
-  /// errc::peer_failed, or errc::timeout for a timeout, at their next wait), and fails
+  /// errc::peer_failed, or the same code for errc::timeout and errc::corrupt, at their
+  /// next wait), and fails
   /// this transport. Called by a plan when a call throws after its messages began;
   /// idempotent; never throws.
   void abort(errc code, const std::string& why) noexcept {
@@ -351,7 +375,7 @@ class mpi {
   [[nodiscard]] bool abandoned() const noexcept { return fault_ && fault_->abandoned; }
 
   /// Throws the failure of an earlier call (cgx::error with its code), or a peer's report
-  /// that has arrived since (errc::peer_failed or errc::timeout); returns if there is
+  /// that has arrived since (errc::peer_failed, errc::timeout or errc::corrupt); returns if there is
   /// none. What a plan calls before a call's first collective step. With `poll` false it
   /// makes no MPI call (only this transport's own record).
   void throw_if_failed(bool poll = true) {
@@ -360,12 +384,12 @@ class mpi {
       MPI_Test(&fault_->listen, &flag, MPI_STATUS_IGNORE);
       if (flag) {
         fault_->listen = MPI_REQUEST_NULL;
-        const bool timeout = static_cast<errc>(fault_->in[1]) == errc::timeout;
+        const auto code = static_cast<errc>(fault_->in[1]);
         fault_->failed = true;
         fault_->told = true;  // the reporting rank told everyone
-        fault_->code = timeout ? errc::timeout : errc::peer_failed;
+        fault_->code = reported_code(code);
         fault_->what = "cgx::comm::mpi (rank " + std::to_string(rank_) + "): rank " + std::to_string(fault_->in[0]) +
-                       (timeout ? " timed out" : " failed") + " inside a collective call";
+                       " " + reported_what(code) + " inside a collective call";
       }
     }
     if (fault_->failed)
@@ -409,7 +433,9 @@ class mpi {
   };
 
   /// The header this rank expects on a message of `bytes` payload bytes.
-  detail::wire_header expected(std::size_t bytes) const noexcept { return detail::make_header(ctx_, call_, bytes); }
+  detail::wire_header expected(std::size_t bytes) const noexcept {
+    return detail::make_header(ctx_, call_, bytes, verify_);
+  }
 
   /// Drops the headers once no request is in flight.
   void settle() noexcept {
@@ -431,16 +457,26 @@ class mpi {
     throw cgx::error(code, msg);
   }
 
+  /// What a peer's report of `code` becomes here: timeouts and corrupt messages keep
+  /// their code (every rank then says what went wrong), anything else is peer_failed.
+  static errc reported_code(errc code) noexcept {
+    return code == errc::timeout || code == errc::corrupt ? code : errc::peer_failed;
+  }
+  /// "timed out" / "received a corrupt message" / "failed".
+  static const char* reported_what(errc code) noexcept {
+    return code == errc::timeout   ? "timed out (its wait limit passed)"
+           : code == errc::corrupt ? "received a corrupt message (plan_options::verify)"
+                                   : "failed (it threw)";
+  }
+
   /// A peer's report arrived: fail with its code, naming it.
   [[noreturn]] void peer_reported(std::span<request> reqs) {
     const int who = fault_->in[0];
     const auto code = static_cast<errc>(fault_->in[1]);
-    const bool timeout = code == errc::timeout;
-    const std::string msg = "cgx::comm::mpi (rank " + std::to_string(rank_) + "): rank " + std::to_string(who) +
-                            (timeout ? " timed out" : " failed") + " inside this collective call (" +
-                            (timeout ? "its wait limit passed" : "it threw") + "); this call stopped waiting";
+    const std::string msg = "cgx::comm::mpi (rank " + std::to_string(rank_) + "): rank " + std::to_string(who) + " " +
+                            reported_what(code) + " inside this collective call; this call stopped waiting";
     fault_->failed = true;
-    fault_->code = timeout ? errc::timeout : errc::peer_failed;
+    fault_->code = reported_code(code);
     fault_->what = msg;
     fault_->listen = MPI_REQUEST_NULL;  // completed by MPI_Waitany
     cancel(reqs);
@@ -457,37 +493,55 @@ class mpi {
     fail_wait(reqs, errc::timeout, MPI_SUCCESS, detail::waited_for(limit_, std::move(peers)));
   }
 
-  /// Cancels what is pending in `reqs`: receives are cancelled and completed; sends are
-  /// cancelled where MPI can and otherwise left to finish on their own.
-  /// A send MPI cannot cancel may still read its buffer: it gets up to a second to finish
-  /// (its receiver is usually draining it); one still pending then, or any request of the
-  /// call that was not part of this wait, is left with MPI, and `abandoned()` tells the
-  /// plan to keep its workspace alive (detail::release_workspace).
+  /// Cancels what is pending in `reqs` and gives it up to a second to complete (a send
+  /// that MPI cannot cancel may still read its buffer; its receiver is usually draining
+  /// it; a receive may have matched a message of the wrong length and completed with an
+  /// error). A request still pending then, or any request of the call that was not part
+  /// of this wait, is left with MPI, and `abandoned()` tells the plan to keep its
+  /// workspace alive (detail::release_workspace).
+  /// MPICH (4.0) raises the error of a request completed in MPI_Wait or MPI_Testany on
+  /// MPI_COMM_WORLD instead of the request's communicator, which aborts the job under
+  /// the default handler; so for these few calls MPI_COMM_WORLD returns errors too, and
+  /// its own handler is put back after.
   void cancel(std::span<request> reqs) noexcept {
-    std::vector<MPI_Request> sends;
+    MPI_Errhandler world_handler = MPI_ERRHANDLER_NULL;
+    const bool swap = MPI_Comm_get_errhandler(MPI_COMM_WORLD, &world_handler) == MPI_SUCCESS;
+    if (swap) MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    cancel_pending(reqs);
+    if (swap) {
+      MPI_Comm_set_errhandler(MPI_COMM_WORLD, world_handler);
+      MPI_Errhandler_free(&world_handler);
+    }
+  }
+
+  void cancel_pending(std::span<request> reqs) noexcept {
+    std::vector<MPI_Request> left;
     for (auto& q : reqs)
       for (auto& r : q.r) {
         if (r == MPI_REQUEST_NULL) continue;
         --fault_->outstanding;
         MPI_Cancel(&r);
-        if (q.send)
-          sends.push_back(r);
-        else
-          MPI_Wait(&r, MPI_STATUS_IGNORE);
+        left.push_back(r);
         r = MPI_REQUEST_NULL;
       }
     // Requests the schedule posted but was not waiting for here stay with MPI: the
     // workspace they use must outlive them.
     if (fault_->outstanding > 0) fault_->abandoned = true;
     const auto t0 = std::chrono::steady_clock::now();
-    while (!sends.empty()) {
-      int done = 0;
-      MPI_Testall(static_cast<int>(sends.size()), sends.data(), &done, MPI_STATUSES_IGNORE);
-      if (done) return;
+    for (std::size_t pending = left.size(); pending > 0;) {
+      int idx = MPI_UNDEFINED;
+      int flag = 0;
+      MPI_Testany(static_cast<int>(left.size()), left.data(), &idx, &flag, MPI_STATUS_IGNORE);
+      if (idx != MPI_UNDEFINED) {
+        left[static_cast<std::size_t>(idx)] = MPI_REQUEST_NULL;  // completed (an error is of no interest now)
+        --pending;
+        continue;
+      }
+      if (flag) break;  // no active request left
       if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(1)) break;
       std::this_thread::yield();
     }
-    for (auto& r : sends)
+    for (auto& r : left)
       if (r != MPI_REQUEST_NULL) {
         fault_->abandoned = true;
         MPI_Request_free(&r);
@@ -508,7 +562,11 @@ class mpi {
     // The header first, as its own small message (same peer and tag: MPI keeps the order),
     // so that the payload travels from and into the caller's memory as before.
     q.header = &fault_->headers.emplace_back();
-    if (send) *q.header = expected(bytes);
+    q.data = buf;
+    if (send) {
+      *q.header = expected(bytes);
+      if (verify_) q.header->crc = detail::crc32c(buf, bytes);
+    }
     q.bytes[0] = sizeof(detail::wire_header);
     start(q.header, static_cast<int>(sizeof(detail::wire_header)), MPI_BYTE, &q.r[0]);
     if (bytes <= static_cast<std::size_t>(INT_MAX)) {
@@ -569,6 +627,7 @@ class mpi {
   int size_ = 1;
   int node_color_ = -1;
   wait_limit limit_{0};
+  bool verify_ = false;
   call_context ctx_{};
   std::uint32_t call_ = 0;
   std::unique_ptr<fault_channel> fault_;

@@ -33,11 +33,13 @@
 /// cgx::error(errc::transport, "... peer rank N (pid P) died ...") when one is gone,
 /// instead of waiting forever. (An MPI launcher usually tears the job down first.)
 ///
-/// Headers: every message is preceded in its ring by the 32-byte header of comm::mpi
+/// Headers: every message is preceded in its ring by the 40-byte header of comm::mpi
 /// (detail::wire_header: call number, plan signature, count, payload bytes); a receiver
 /// checks it before it takes a byte of the payload, and a mismatch (ranks that passed
 /// different counts or plans, a skipped call) throws errc::mismatch instead of reading
-/// the stream out of step.
+/// the stream out of step. With `set_verify` (plan_options::verify) the header also
+/// carries the payload's CRC-32C, checked once the payload is in (errc::corrupt on
+/// every rank, as for comm::mpi).
 ///
 /// Failures: as comm::mpi (whose failure channel it uses): a rank whose call fails tells
 /// its peers (`abort`); a waiting rank hears it within 100 ms and throws
@@ -101,6 +103,7 @@ class shm {
     int peer;
     std::uint64_t id;
     std::size_t header_for = no_header;  // a received header: the payload bytes it must announce
+    const detail::wire_header* hdr = nullptr;  // a received payload: its header
   };
   static constexpr std::size_t no_header = ~std::size_t{0};     // a payload
   static constexpr std::size_t sent_header = ~std::size_t{1};   // a header this rank sends
@@ -220,6 +223,7 @@ class shm {
       blocked_recv_ = std::move(o.blocked_recv_);
       peer_pid_ = std::move(o.peer_pid_);
       limit_ = o.limit_;
+      verify_ = o.verify_;
       ctx_ = o.ctx_;
       call_ = o.call_;
       headers_ = std::move(o.headers_);
@@ -270,7 +274,7 @@ class shm {
     while (!done()) {
       if (progress()) {
         idle = 0;
-        if (!bad_header_.empty()) fail(errc::mismatch, std::exchange(bad_header_, std::string()));
+        if (!bad_.empty()) fail(bad_code_, std::exchange(bad_, std::string()));
       } else if (++idle > 64) {
         std::this_thread::yield();  // ranks may outnumber cores
         const auto now = std::chrono::steady_clock::now();
@@ -284,7 +288,7 @@ class shm {
         if (limit_.count() > 0 && now - t0 > limit_) timed_out(reqs);
       }
     }
-    if (!bad_header_.empty()) fail(errc::mismatch, std::exchange(bad_header_, std::string()));
+    if (!bad_.empty()) fail(bad_code_, std::exchange(bad_, std::string()));
     for (auto& r : reqs) {
       forget(r.id);
       r.id = 0;
@@ -295,12 +299,21 @@ class shm {
   /// Bounds every later wait (zero: no bound). See the file comment.
   void set_wait_limit(wait_limit limit) noexcept { limit_ = limit; }
 
+  /// Checksums every later message (see the file comment); every rank must agree.
+  void set_verify(bool on) noexcept { verify_ = on; }
+  /// Whether messages are checksummed.
+  [[nodiscard]] bool verify() const noexcept { return verify_; }
+
   /// Starts a call of a plan (see comm::call_context): later headers carry `c` and the
   /// next call number, and received ones must match.
   void begin_call(const call_context& c) noexcept {
     ctx_ = c;
     ++call_;
   }
+  /// The context of the current call (the last begin_call's).
+  [[nodiscard]] call_context context() const noexcept { return ctx_; }
+  /// The bound on waits; zero when there is none.
+  [[nodiscard]] wait_limit wait_limit_value() const noexcept { return limit_; }
 
   /// Tells every peer that this rank's call failed (see comm::mpi::abort); never throws.
   void abort(errc code, const std::string& why) noexcept { base_comm_->abort(code, why); }
@@ -510,21 +523,26 @@ class shm {
     if (failed()) throw_if_failed();
     // The header, then the payload, in the same ring (FIFO per pair keeps them together).
     detail::wire_header& h = headers_.emplace_back();
-    if (send) h = expected(bytes);
+    if (send) {
+      h = expected(bytes);
+      if (verify_) h.crc = detail::crc32c(buf, bytes);
+    }
     const std::uint64_t hid = ++next_id_;
     pending_.push_back(op{reinterpret_cast<std::byte*>(&h), sizeof(h), 0, send, peer, hid, send ? sent_header : bytes});
     const std::uint64_t id = ++next_id_;
     if (bytes == 0) {
       completed_.push_back(id);
     } else {
-      pending_.push_back(op{buf, bytes, 0, send, peer, id});
+      pending_.push_back(op{buf, bytes, 0, send, peer, id, no_header, send ? nullptr : &h});
     }
     progress();
     return {id};
   }
 
   /// The header this rank expects on a message of `bytes` payload bytes.
-  detail::wire_header expected(std::size_t bytes) const noexcept { return detail::make_header(ctx_, call_, bytes); }
+  detail::wire_header expected(std::size_t bytes) const noexcept {
+    return detail::make_header(ctx_, call_, bytes, verify_);
+  }
 
   /// Moves bytes for every pending operation that can move; true if anything moved.
   /// Only the oldest unfinished operation per (direction, peer) may move (FIFO order).
@@ -542,13 +560,23 @@ class shm {
       }
       if (o.done == o.bytes) {
         if (o.header_for == no_header) {
+          if (o.hdr != nullptr && verify_) {  // a checksummed payload (its header was checked)
+            std::string why = detail::payload_corrupt(*o.hdr, o.buf, o.bytes, o.peer);
+            if (!why.empty()) {
+              bad_ = std::move(why);
+              bad_code_ = errc::corrupt;
+              pending_.erase(it);
+              return true;
+            }
+          }
           completed_.push_back(o.id);
         } else if (o.header_for != sent_header) {
           // A received header: checked before any byte of its payload moves.
           std::string why = detail::header_mismatch(*reinterpret_cast<const detail::wire_header*>(o.buf),
                                                     expected(o.header_for), o.peer);
           if (!why.empty()) {
-            bad_header_ = std::move(why);
+            bad_ = std::move(why);
+            bad_code_ = errc::mismatch;
             pending_.erase(it);
             return true;
           }
@@ -617,7 +645,9 @@ class shm {
   call_context ctx_{};
   std::uint32_t call_ = 0;
   std::deque<detail::wire_header> headers_;  // of the transfers in flight (stable addresses)
-  std::string bad_header_;                   // a received header that did not match
+  std::string bad_;                          // a received message that failed its check, and
+  errc bad_code_ = errc::mismatch;           // how (mismatch: its header; corrupt: its checksum)
+  bool verify_ = false;
   std::vector<pid_t> peer_pid_;  // per rank: its pid if it shares this rank's pid namespace, else 0 (and 0 for self)
 };
 
