@@ -11,6 +11,8 @@
 ///  2. the owner compresses that sum once and decodes it into its own buffer.
 ///  3. allgather, p - 1 steps: every rank forwards the compressed bytes it received
 ///     unchanged and decodes them, so every rank ends with the owner's bits.
+/// The chunks, peers, workspace slots, random keys and summation order are those of the
+/// description schedule::ring (schedule/ring.hpp); this file runs it.
 ///
 /// Traffic per rank: the same as SRA, 2 (p - 1)/p * compressed_bytes(n) sent, but in
 /// 2 (p - 1) messages of 1/p of the buffer to one neighbour only (no incast), so it
@@ -31,7 +33,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <vector>
 
 #include "../concepts.hpp"
 #include "../detail/checked.hpp"
@@ -39,6 +40,7 @@
 #include "../quant/rounding.hpp"
 #include "chunking.hpp"
 #include "../detail/tags.hpp"
+#include "../schedule/ring.hpp"
 
 namespace cgx::comm {
 
@@ -61,84 +63,74 @@ struct ring {
     static constexpr std::size_t granule = granule_of<Q>;  ///< chunk boundaries fall on multiples of this many values
 
     /// p slots for the compressed chunks of the allgather, plus one send and one
-    /// receive slot for the reduce-scatter.
+    /// receive slot for the reduce-scatter (schedule::ring's workspace).
     /// Throws cgx::error(errc::invalid_argument) if that size does not fit (detail/checked.hpp).
     static std::size_t workspace_bytes(std::size_t n, int p) {
       cgx::detail::check_raw_bytes(n, sizeof(T));
-      return cgx::detail::checked_mul(static_cast<std::size_t>(p) + 2, slot_bytes(n, p));
+      return cgx::detail::checked_mul(description::slots(p), description::make(n, p, granule, bytes).slot);
     }
 
-    /// Binds to the plan's transport; allocates only its own request lists.
+    /// Binds to the plan's transport; allocates nothing.
     explicit schedule(X&) {}
 
     /// The values of n that rank r of p owns (its chunk: bucket-aligned, balanced).
     static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule); }
 
-    /// In place sum over all ranks of buf[0..n). Collective.
+    /// In place sum over all ranks of buf[0..n). Collective. Chunks, peers, slots, keys
+    /// and the order of sums: schedule::ring.
     void run(T* buf, std::size_t n, X& x, std::byte* ws, const quant::rng_state& rng, quant::host_exec ex) {
       const int p = x.size();
       const int me = x.rank();
       if (p == 1 || n == 0) return;
-      const std::size_t slot = slot_bytes(n, p);
-      auto gslot = [&](int c) { return ws + static_cast<std::size_t>(c) * slot; };
-      std::byte* sbuf = ws + static_cast<std::size_t>(p) * slot;
-      std::byte* rbuf = sbuf + slot;
-      const int right = (me + 1) % p;
-      const int left = (me + p - 1) % p;
-      auto mod = [p](int v) { return ((v % p) + p) % p; };
-      auto bytes_of = [&](const chunk& c) { return Q::template compressed_bytes<T>(c.count); };
+      const description d = description::make(n, p, granule, bytes);
+      std::byte* const sbuf = ws + d.send_slot();
+      std::byte* const rbuf = ws + d.recv_slot();
 
-      // 1. Reduce-scatter: one send and one receive in flight per step.
+      // 1. Reduce: one send and one receive in flight per step.
       for (int s = 0; s + 1 < p; ++s) {
-        const chunk out = chunk_of(n, p, mod(me - s));
-        const chunk in = chunk_of(n, p, mod(me - s - 1));
+        const chunk out = d.chunk_of(d.reduce_out(me, s));
+        const chunk in = d.chunk_of(d.reduce_in(me, s));
         typename X::request q[2];
         int nq = 0;
-        if (in.count != 0) q[nq++] = x.irecv(rbuf, bytes_of(in), left, tag_reduce);
+        if (in.count != 0) q[nq++] = x.irecv(rbuf, bytes(in.count), d.left(me), tag_reduce);
         if (out.count != 0) {
-          quant::rng_state st = rng;
-          st.stream = static_cast<std::uint32_t>(me);
-          st.position = rng.position + out.begin;
-          Q::template compress<T>(buf + out.begin, out.count, sbuf, st, ex);
-          q[nq++] = x.isend(sbuf, bytes_of(out), right, tag_reduce);
+          Q::template compress<T>(buf + out.begin, out.count, sbuf, ::cgx::schedule::keyed(rng, description::contribution_key(me, out)), ex);
+          q[nq++] = x.isend(sbuf, bytes(out.count), d.right(me), tag_reduce);
         }
         x.wait_all(std::span(q, static_cast<std::size_t>(nq)));
         if (in.count != 0) Q::template decompress_add<T>(rbuf, in.count, buf + in.begin, ex);
       }
 
       // 2. The owner quantizes the finished sum once and keeps the decoded bytes.
-      const int own = mod(me + 1);
-      const chunk mine = chunk_of(n, p, own);
+      const int own = d.owned(me);
+      const chunk mine = d.chunk_of(own);
       if (mine.count != 0) {
-        quant::rng_state st = rng;
-        st.stream = static_cast<std::uint32_t>(p + me);
-        st.position = rng.position + mine.begin;
-        Q::template compress<T>(buf + mine.begin, mine.count, gslot(own), st, ex);
-        if constexpr (!Q::lossless) Q::template decompress<T>(gslot(own), mine.count, buf + mine.begin, ex);
+        std::byte* const sum = ws + d.gather_slot(own);
+        Q::template compress<T>(buf + mine.begin, mine.count, sum, ::cgx::schedule::keyed(rng, d.sum_key(me, mine)), ex);
+        if constexpr (!Q::lossless) Q::template decompress<T>(sum, mine.count, buf + mine.begin, ex);
       }
 
-      // 3. Allgather: forward the compressed chunks unchanged.
+      // 3. Gather: forward the compressed chunks unchanged.
       for (int s = 0; s + 1 < p; ++s) {
-        const int cout = mod(me + 1 - s);
-        const int cin = mod(me - s);
-        const chunk out = chunk_of(n, p, cout);
-        const chunk in = chunk_of(n, p, cin);
+        const int cout = d.gather_out(me, s);
+        const int cin = d.gather_in(me, s);
+        const chunk out = d.chunk_of(cout);
+        const chunk in = d.chunk_of(cin);
         typename X::request q[2];
         int nq = 0;
-        if (in.count != 0) q[nq++] = x.irecv(gslot(cin), bytes_of(in), left, tag_gather);
-        if (out.count != 0) q[nq++] = x.isend(gslot(cout), bytes_of(out), right, tag_gather);
+        if (in.count != 0) q[nq++] = x.irecv(ws + d.gather_slot(cin), bytes(in.count), d.left(me), tag_gather);
+        if (out.count != 0) q[nq++] = x.isend(ws + d.gather_slot(cout), bytes(out.count), d.right(me), tag_gather);
         x.wait_all(std::span(q, static_cast<std::size_t>(nq)));
-        if (in.count != 0) Q::template decompress<T>(gslot(cin), in.count, buf + in.begin, ex);
+        if (in.count != 0) Q::template decompress<T>(ws + d.gather_slot(cin), in.count, buf + in.begin, ex);
       }
     }
 
    private:
+    using description = ::cgx::schedule::ring;
+    static constexpr ::cgx::schedule::size_fn bytes = &Q::template compressed_bytes<T>;
+
     static constexpr int tag_reduce = cgx::detail::tag_value(cgx::detail::tag::ring_reduce);
     static constexpr int tag_gather = cgx::detail::tag_value(cgx::detail::tag::ring_gather);
-
-    static std::size_t slot_bytes(std::size_t n, int p) {
-      return round_to_line(Q::template compressed_bytes<T>(largest_chunk(n, p, granule)));
-    }
   };
 };
 
