@@ -27,6 +27,9 @@
 /// inputs; its unit u(S~) <= (sum of those ranks' bucket ranges + 2 * error so far) /
 /// (2^bits - 1), and the error grows by c u(S~) per quantization, c = 1/2 (nearest),
 /// 1 (stochastic); plus the floating-point rounding of the additions.
+///
+/// The chunks, peers, virtual ranks, workspace slots, random keys and summation order
+/// are those of the description schedule::tree (schedule/tree.hpp); this file runs it.
 
 #include <bit>
 #include <cstddef>
@@ -40,6 +43,7 @@
 #include "../quant/rounding.hpp"
 #include "chunking.hpp"
 #include "../detail/tags.hpp"
+#include "../schedule/tree.hpp"
 
 namespace cgx::comm {
 
@@ -50,7 +54,7 @@ struct tree {
   /// Quantizations an element goes through on its longest path.
   static constexpr int quantizations(int p) {
     if (p <= 1) return 0;
-    const int q = static_cast<int>(std::bit_floor(static_cast<unsigned>(p)));
+    const int q = ::cgx::schedule::tree::pow2(p);
     return std::countr_zero(static_cast<unsigned>(q)) + 1 + (p != q ? 1 : 0);
   }
 
@@ -64,159 +68,127 @@ struct tree {
    public:
     static constexpr std::size_t granule = granule_of<Q>;  ///< chunk boundaries fall on multiples of this many values
 
-    /// q slots for the compressed chunks, a receive slot of half the buffer, and (for
-    /// the fold) a whole compressed buffer.
+    /// q slots for the compressed chunks, then two whole compressed buffers: the
+    /// receive slot of the fold and of the halving, and the halving's send slot
+    /// (schedule::tree's workspace).
     /// Throws cgx::error(errc::invalid_argument) if that size does not fit (detail/checked.hpp).
     static std::size_t workspace_bytes(std::size_t n, int p) {
       cgx::detail::check_raw_bytes(n, sizeof(T));
-      const int q = pow2(p);
-      return cgx::detail::checked_add(cgx::detail::checked_mul(static_cast<std::size_t>(q), slot_bytes(n, q)),
-                                 cgx::detail::checked_mul(2, whole_bytes(n)));
+      const description d = description::make(n, p, granule, bytes);
+      return cgx::detail::checked_add(cgx::detail::checked_mul(static_cast<std::size_t>(d.q), d.slot), cgx::detail::checked_mul(2, d.whole));
     }
 
-    /// Binds to the plan's transport; allocates only its own request lists.
-    explicit schedule(X& x) { reqs_.reserve(2 * static_cast<std::size_t>(pow2(x.size())) + 2); }
+    /// Binds to the plan's transport; allocates only its own request list.
+    explicit schedule(X& x) { reqs_.reserve(2 * static_cast<std::size_t>(description::pow2(x.size())) + 2); }
 
-    /// The values of n that rank r of p owns (its chunk: bucket-aligned, balanced).
+    /// The values of chunk c of the q-way cut of n (bucket-aligned, balanced).
     static chunk chunk_of(std::size_t n, int q, int c) { return comm::chunk_of(n, q, c, granule); }
 
-    /// In place sum over all ranks of buf[0..n). Collective.
+    /// In place sum over all ranks of buf[0..n). Collective. Chunks, peers, virtual
+    /// ranks, slots, keys and the order of sums: schedule::tree.
     void run(T* buf, std::size_t n, X& x, std::byte* ws, const quant::rng_state& rng, quant::host_exec ex) {
       const int p = x.size();
       const int me = x.rank();
       if (p == 1 || n == 0) return;
-      const int q = pow2(p);
-      const int extra = p - q;
-      const std::size_t slot = slot_bytes(n, q);
-      auto cslot = [&](int c) { return ws + static_cast<std::size_t>(c) * slot; };
-      std::byte* scratch = ws + static_cast<std::size_t>(q) * slot;  // 2 * whole_bytes(n)
-      auto bytes_of = [&](std::size_t count) { return Q::template compressed_bytes<T>(count); };
-      auto stream = [&](int k) {
-        quant::rng_state s = rng;
-        s.stream = static_cast<std::uint32_t>(k * p + me);
-        return s;
+      const description d = description::make(n, p, granule, bytes);
+      const int q = d.q;
+      auto cslot = [&](int c) { return ws + d.chunk_slot(c); };
+      std::byte* const scratch = ws + d.scratch();
+      std::byte* const scratch_send = ws + d.scratch_send();
+      auto compress = [&](const chunk& c, std::byte* out, int step) {
+        Q::template compress<T>(buf + c.begin, c.count, out, ::cgx::schedule::keyed(rng, d.key_of(me, step, c)), ex);
       };
 
       // 0. Fold the first 2e ranks pairwise.
-      int v = -1;  // virtual rank, -1 while sitting out
-      if (me < 2 * extra) {
+      const int v = d.virtual_rank(me);  // -1: sits out after the fold
+      if (me < 2 * d.extra()) {
         if (me % 2 == 0) {
-          quant::rng_state s = stream(0);
-          s.position = rng.position;
-          Q::template compress<T>(buf, n, scratch, s, ex);
-          auto r = x.isend(scratch, bytes_of(n), me + 1, tag_fold);
+          compress(chunk{0, n}, scratch, 0);
+          auto r = x.isend(scratch, bytes(n), me + 1, tag_fold);
           x.wait_all(std::span(&r, 1));
         } else {
-          auto r = x.irecv(scratch, bytes_of(n), me - 1, tag_fold);
+          auto r = x.irecv(scratch, bytes(n), me - 1, tag_fold);
           x.wait_all(std::span(&r, 1));
           Q::template decompress_add<T>(scratch, n, buf, ex);
-          v = me / 2;
         }
-      } else {
-        v = me - extra;
       }
-      auto real = [&](int vr) { return vr < extra ? 2 * vr + 1 : vr + extra; };
 
       if (v >= 0) {
-        // 1. Recursive halving over chunk ranges [lo, hi).
-        int lo = 0, hi = q, step = 1;
-        for (int d = q / 2; d >= 1; d /= 2, ++step) {
-          const int partner = v ^ d;
-          const int mid = (lo + hi) / 2;
-          const bool keep_low = (v & d) == 0;
-          const int klo = keep_low ? lo : mid, khi = keep_low ? mid : hi;
-          const int slo = keep_low ? mid : lo, shi = keep_low ? hi : mid;
-          const chunk keep = span_of(n, q, klo, khi);
-          const chunk send = span_of(n, q, slo, shi);
+        // 1. Recursive halving: keep the half holding v, send the other half.
+        for (int i = 1; i <= d.levels(); ++i) {
+          const auto h = d.halve(v, i);
+          const chunk keep = d.span_of(h.klo, h.khi);
+          const chunk send = d.span_of(h.slo, h.shi);
+          const int partner = d.real(h.partner);
           reqs_.clear();
-          if (keep.count != 0) reqs_.push_back(x.irecv(scratch, bytes_of(keep.count), real(partner), tag_halve));
+          if (keep.count != 0) reqs_.push_back(x.irecv(scratch, bytes(keep.count), partner, tag_halve));
           if (send.count != 0) {
-            quant::rng_state s = stream(step);
-            s.position = rng.position + send.begin;
-            Q::template compress<T>(buf + send.begin, send.count, scratch + whole_bytes(n), s, ex);
-            reqs_.push_back(x.isend(scratch + whole_bytes(n), bytes_of(send.count), real(partner), tag_halve));
+            compress(send, scratch_send, i);
+            reqs_.push_back(x.isend(scratch_send, bytes(send.count), partner, tag_halve));
           }
           x.wait_all(std::span(reqs_));
           if (keep.count != 0) Q::template decompress_add<T>(scratch, keep.count, buf + keep.begin, ex);
-          lo = klo;
-          hi = khi;
         }
 
         // 2. The owner of chunk v quantizes the finished sum once.
-        const chunk mine = chunk_of(n, q, v);
+        const chunk mine = d.chunk_of(v);
         if (mine.count != 0) {
-          quant::rng_state s = stream(step);
-          s.position = rng.position + mine.begin;
-          Q::template compress<T>(buf + mine.begin, mine.count, cslot(v), s, ex);
+          compress(mine, cslot(v), d.levels() + 1);
           if constexpr (!Q::lossless) Q::template decompress<T>(cslot(v), mine.count, buf + mine.begin, ex);
         }
 
-        // 3. Recursive doubling: exchange every compressed chunk held.
-        lo = v;
-        hi = v + 1;
-        for (int d = 1; d < q; d *= 2) {
-          const int partner = v ^ d;
-          const int plo = lo ^ d, phi = plo + (hi - lo);  // the partner's range
+        // 3. Recursive doubling: exchange every compressed chunk held (the aligned block
+        //    of d chunks around v) for the partner's block.
+        for (int dist = 1; dist < q; dist *= 2) {
+          const int lo = description::block_lo(v, dist), plo = lo ^ dist;
+          const int partner = d.real(v ^ dist);
           reqs_.clear();
-          for (int c = plo; c < phi; ++c) {
-            const chunk cc = chunk_of(n, q, c);
-            if (cc.count != 0) reqs_.push_back(x.irecv(cslot(c), bytes_of(cc.count), real(partner), tag_double));
+          for (int c = plo; c < plo + dist; ++c) {
+            const chunk cc = d.chunk_of(c);
+            if (cc.count != 0) reqs_.push_back(x.irecv(cslot(c), bytes(cc.count), partner, tag_double));
           }
-          for (int c = lo; c < hi; ++c) {
-            const chunk cc = chunk_of(n, q, c);
-            if (cc.count != 0) reqs_.push_back(x.isend(cslot(c), bytes_of(cc.count), real(partner), tag_double));
+          for (int c = lo; c < lo + dist; ++c) {
+            const chunk cc = d.chunk_of(c);
+            if (cc.count != 0) reqs_.push_back(x.isend(cslot(c), bytes(cc.count), partner, tag_double));
           }
           x.wait_all(std::span(reqs_));
-          for (int c = plo; c < phi; ++c) {
-            const chunk cc = chunk_of(n, q, c);
+          for (int c = plo; c < plo + dist; ++c) {
+            const chunk cc = d.chunk_of(c);
             if (cc.count != 0) Q::template decompress<T>(cslot(c), cc.count, buf + cc.begin, ex);
           }
-          lo = std::min(lo, plo);
-          hi = std::max(hi, phi);
         }
       }
 
       // 4. Unfold: the folded partner gets the q compressed chunks.
-      if (me < 2 * extra) {
+      if (me < 2 * d.extra()) {
         reqs_.clear();
         const bool receiver = me % 2 == 0;
         const int partner = receiver ? me + 1 : me - 1;
         for (int c = 0; c < q; ++c) {
-          const chunk cc = chunk_of(n, q, c);
+          const chunk cc = d.chunk_of(c);
           if (cc.count == 0) continue;
-          reqs_.push_back(receiver ? x.irecv(cslot(c), bytes_of(cc.count), partner, tag_unfold)
-                                   : x.isend(cslot(c), bytes_of(cc.count), partner, tag_unfold));
+          reqs_.push_back(receiver ? x.irecv(cslot(c), bytes(cc.count), partner, tag_unfold)
+                                   : x.isend(cslot(c), bytes(cc.count), partner, tag_unfold));
         }
         x.wait_all(std::span(reqs_));
         if (receiver)
           for (int c = 0; c < q; ++c) {
-            const chunk cc = chunk_of(n, q, c);
+            const chunk cc = d.chunk_of(c);
             if (cc.count != 0) Q::template decompress<T>(cslot(c), cc.count, buf + cc.begin, ex);
           }
       }
     }
 
    private:
+    using description = ::cgx::schedule::tree;
+    static constexpr ::cgx::schedule::size_fn bytes = &Q::template compressed_bytes<T>;
+
     static constexpr int tag_fold = cgx::detail::tag_value(cgx::detail::tag::tree_fold);
     static constexpr int tag_halve = cgx::detail::tag_value(cgx::detail::tag::tree_halve);
     // Several chunks travel between the same pair with one tag: the transport's order
     // per pair and tag matches them (concepts.hpp), both sides post them in chunk order.
     static constexpr int tag_double = cgx::detail::tag_value(cgx::detail::tag::tree_double);
     static constexpr int tag_unfold = cgx::detail::tag_value(cgx::detail::tag::tree_unfold);
-
-    static int pow2(int p) { return static_cast<int>(std::bit_floor(static_cast<unsigned>(p))); }
-
-    /// The values of chunks [c0, c1) of a q-way cut (contiguous).
-    static chunk span_of(std::size_t n, int q, int c0, int c1) {
-      const chunk a = chunk_of(n, q, c0);
-      const chunk b = chunk_of(n, q, c1 - 1);
-      return {a.begin, b.begin + b.count - a.begin};
-    }
-
-    static std::size_t slot_bytes(std::size_t n, int q) {
-      return round_to_line(Q::template compressed_bytes<T>(largest_chunk(n, q, granule)));
-    }
-    static std::size_t whole_bytes(std::size_t n) { return round_to_line(Q::template compressed_bytes<T>(n)); }
 
     std::vector<typename X::request> reqs_;
   };
