@@ -14,6 +14,8 @@
 /// Traffic per rank: 2 (p - 1)/p * n * sizeof(T) sent (half in each phase), in
 /// 2 (p - 1) messages. Quantizations per element: 0; the result is the sum in rank
 /// order, computed by the chunk's owner and copied to the others (identical bits).
+/// The chunks, peers, workspace slots and summation order are those of the description
+/// schedule::direct_reduce_scatter (schedule/direct_reduce_scatter.hpp); this file runs it.
 
 #include <cstddef>
 #include <cstdint>
@@ -26,6 +28,7 @@
 #include "../quant/rounding.hpp"
 #include "chunking.hpp"
 #include "../detail/tags.hpp"
+#include "../schedule/direct_reduce_scatter.hpp"
 
 namespace cgx::comm {
 
@@ -47,12 +50,12 @@ struct uncompressed {
     static constexpr std::size_t granule = granule_of<Q>;  ///< chunk boundaries fall on multiples of this many values
 
     /// Bytes of workspace for up to n values on p ranks: the p - 1 incoming parts of
-    /// this rank's chunk.
+    /// this rank's chunk (schedule::direct_reduce_scatter's part slots).
     /// Throws cgx::error(errc::invalid_argument) if that size does not fit (detail/checked.hpp).
     static std::size_t workspace_bytes(std::size_t n, int p) {
       cgx::detail::check_raw_bytes(n, sizeof(T));
       if (p <= 1) return 0;
-      return cgx::detail::checked_mul(static_cast<std::size_t>(p - 1), slot_bytes(n, p));
+      return cgx::detail::checked_mul(description::slots(p), description::make(n, p, granule, sizeof(T)).slot);
     }
 
     /// Binds to the plan's transport; allocates only its own request lists.
@@ -65,29 +68,29 @@ struct uncompressed {
     }
 
     /// Leaves in buf[chunk_of(n, p, rank)] the sum over all ranks of that chunk; the rest
-    /// of buf is unspecified. Collective.
+    /// of buf is unspecified. Collective. Chunks, peers, part slots and the order of sums:
+    /// schedule::direct_reduce_scatter.
     void reduce_scatter(T* buf, std::size_t n, X& x, std::byte* ws, quant::host_exec ex) {
       const int p = x.size();
       const int me = x.rank();
       if (p == 1 || n == 0) return;
-      const std::size_t slot = slot_bytes(n, p);
-      const chunk mine = chunk_of(n, p, me);
-      auto part = [&](int r) { return ws + static_cast<std::size_t>(r - (r > me ? 1 : 0)) * slot; };
+      const description d = description::make(n, p, granule, sizeof(T));
+      const chunk mine = d.chunk_of(me);
       reqs_.clear();
       if (mine.count != 0)
         for (int r = 0; r < p; ++r)
-          if (r != me) reqs_.push_back(x.irecv(part(r), mine.count * sizeof(T), r, tag_scatter));
+          if (r != me) reqs_.push_back(x.irecv(ws + d.part_slot(me, r), mine.count * sizeof(T), r, tag_scatter));  // reqs_[r - (r > me)]
       const std::size_t nrecv = reqs_.size();
       for (int step = 1; step < p; ++step) {
-        const int r = (me + step) % p;
-        const chunk c = chunk_of(n, p, r);
+        const int r = d.to(me, step);
+        const chunk c = d.chunk_of(r);
         if (c.count != 0) reqs_.push_back(x.isend(buf + c.begin, c.count * sizeof(T), r, tag_scatter));
       }
       if (mine.count != 0) {
-        for (int r = 0; r < p; ++r) {
-          if (r == me) continue;
+        for (int i = 0; i + 1 < p; ++i) {
+          const int r = description::addend(me, i);
           x.wait_all(std::span(reqs_.data() + (r - (r > me ? 1 : 0)), 1));
-          quant::none::template decompress_add<T>(part(r), mine.count, buf + mine.begin, ex);
+          quant::none::template decompress_add<T>(ws + d.part_slot(me, r), mine.count, buf + mine.begin, ex);
         }
       }
       x.wait_all(std::span(reqs_.data() + nrecv, reqs_.size() - nrecv));
@@ -98,16 +101,16 @@ struct uncompressed {
       const int p = x.size();
       const int me = x.rank();
       if (p == 1 || n == 0) return;
-      const chunk mine = chunk_of(n, p, me);
+      const description d = description::make(n, p, granule, sizeof(T));
+      const chunk mine = d.chunk_of(me);
       reqs_.clear();
       for (int r = 0; r < p; ++r) {
         if (r == me) continue;
-        const chunk c = chunk_of(n, p, r);
+        const chunk c = d.chunk_of(r);
         if (c.count != 0) reqs_.push_back(x.irecv(buf + c.begin, c.count * sizeof(T), r, tag_gather));
       }
       if (mine.count != 0)
-        for (int step = 1; step < p; ++step)
-          reqs_.push_back(x.isend(buf + mine.begin, mine.count * sizeof(T), (me + step) % p, tag_gather));
+        for (int step = 1; step < p; ++step) reqs_.push_back(x.isend(buf + mine.begin, mine.count * sizeof(T), d.to(me, step), tag_gather));
       x.wait_all(std::span(reqs_));
     }
 
@@ -115,10 +118,10 @@ struct uncompressed {
     static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule); }
 
    private:
+    using description = ::cgx::schedule::direct_reduce_scatter;
+
     static constexpr int tag_scatter = cgx::detail::tag_value(cgx::detail::tag::uncompressed_scatter);
     static constexpr int tag_gather = cgx::detail::tag_value(cgx::detail::tag::uncompressed_gather);
-
-    static std::size_t slot_bytes(std::size_t n, int p) { return round_to_line(largest_chunk(n, p, granule) * sizeof(T)); }
 
     std::vector<typename X::request> reqs_;
   };
