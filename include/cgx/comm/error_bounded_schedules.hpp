@@ -54,6 +54,7 @@
 #include "scatter_reduce_allgather.hpp"
 #include "varsize.hpp"
 #include "../detail/tags.hpp"
+#include "../schedule/ring.hpp"
 
 namespace cgx::comm {
 
@@ -199,7 +200,8 @@ struct error_bounded_schedule<scatter_reduce_allgather> {
   };
 };
 
-/// Ring with variable-size messages (see the file comment).
+/// Ring with variable-size messages (see the file comment). Chunks, peers, steps and
+/// workspace slots: schedule::ring, sized for the worst-case compressed chunk.
 template <>
 struct error_bounded_schedule<ring> {
   static constexpr bool supported = true;  ///< R has an error-bounded schedule
@@ -210,12 +212,12 @@ struct error_bounded_schedule<ring> {
   template <class T, class Q, class X>
   class schedule {
    public:
-    /// p slots for the allgather, one send and one receive slot, a double accumulator.
+    /// schedule::ring's workspace (p slots for the allgather, one send and one receive
+    /// slot, each holding the largest compressed chunk), then a double accumulator.
     /// Throws cgx::error(errc::invalid_argument) if that size does not fit (detail/checked.hpp).
     static std::size_t workspace_bytes(std::size_t n, int p) {
       cgx::detail::check_raw_bytes(n, sizeof(double));
-      return cgx::detail::checked_add(cgx::detail::checked_mul(static_cast<std::size_t>(p) + 2, detail::eb_slot_bytes<Q>(n, p)),
-                                 detail::eb_acc_bytes<Q>(n, p));
+      return cgx::detail::checked_add(cgx::detail::checked_mul(description::slots(p), describe(n, p).slot), detail::eb_acc_bytes<Q>(n, p));
     }
     /// The values of n that rank r of p owns (its chunk: bucket-aligned, balanced).
     static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule_of<Q>); }
@@ -229,22 +231,22 @@ struct error_bounded_schedule<ring> {
       const int me = x.rank();
       error_bounded_traffic t;
       if (p == 1 || n == 0) return t;
-      const std::size_t slot = detail::eb_slot_bytes<Q>(n, p);
-      auto gslot = [&](int c) { return ws + static_cast<std::size_t>(c) * slot; };
-      std::byte* sbuf = gslot(p);
-      std::byte* rbuf = gslot(p + 1);
-      auto* acc = reinterpret_cast<double*>(gslot(p + 2));
-      const int right = (me + 1) % p;
-      const int left = (me + p - 1) % p;
-      auto mod = [p](int v) { return ((v % p) + p) % p; };
+      const description d = describe(n, p);
+      const std::size_t slot = d.slot;
+      auto gslot = [&](int c) { return ws + d.gather_slot(c); };
+      std::byte* sbuf = ws + d.send_slot();
+      std::byte* rbuf = ws + d.recv_slot();
+      auto* acc = reinterpret_cast<double*>(ws + description::slots(p) * slot);
+      const int right = d.right(me);
+      const int left = d.left(me);
       detail::eb_corruption bad;
       vx_.reset_sent();
 
-      // 1. Reduce-scatter: step 0 sends this rank's own chunk, later steps the running
-      //    sum (in acc) that arrived at the previous step plus this rank's values.
+      // 1. Reduce: step 0 sends this rank's own chunk, later steps the running sum (in
+      //    acc) that arrived at the previous step plus this rank's values.
       for (int s = 0; s + 1 < p; ++s) {
-        const chunk out = chunk_of(n, p, mod(me - s));
-        const chunk in = chunk_of(n, p, mod(me - s - 1));
+        const chunk out = d.chunk_of(d.reduce_out(me, s));
+        const chunk in = d.chunk_of(d.reduce_in(me, s));
         if (in.count != 0) vx_.post_recv(x, rbuf, slot, left, tag_reduce);
         if (out.count != 0) {
           const std::size_t len = s == 0 ? Q::template compress<T, double>(buf + out.begin, out.count, sbuf, e)
@@ -260,20 +262,20 @@ struct error_bounded_schedule<ring> {
       }
 
       // 2. The owner quantizes the finished sum once, checked as decoded to T.
-      const int own = mod(me + 1);
-      const chunk mine = chunk_of(n, p, own);
+      const int own = d.owned(me);
+      const chunk mine = d.chunk_of(own);
       if (mine.count != 0) {
         const std::size_t len = Q::template compress<double, T>(acc, mine.count, gslot(own), e);
         len_[static_cast<std::size_t>(own)] = len;
         Q::template decompress<T>(gslot(own), len, mine.count, buf + mine.begin);
       }
 
-      // 3. Allgather: forward the compressed chunks unchanged.
+      // 3. Gather: forward the compressed chunks unchanged.
       for (int s = 0; s + 1 < p; ++s) {
-        const int cout = mod(me + 1 - s);
-        const int cin = mod(me - s);
-        const chunk out = chunk_of(n, p, cout);
-        const chunk in = chunk_of(n, p, cin);
+        const int cout = d.gather_out(me, s);
+        const int cin = d.gather_in(me, s);
+        const chunk out = d.chunk_of(cout);
+        const chunk in = d.chunk_of(cin);
         if (in.count != 0) vx_.post_recv(x, gslot(cin), slot, left, tag_gather);
         if (out.count != 0) {
           vx_.post_send(x, gslot(cout), len_[static_cast<std::size_t>(cout)], right, tag_gather);
@@ -291,6 +293,12 @@ struct error_bounded_schedule<ring> {
     }
 
    private:
+    using description = ::cgx::schedule::ring;
+    /// schedule::ring with the worst-case compressed size as its size function: its
+    /// slots are this layout's; the messages carry their real lengths (varsize_exchange).
+    static description describe(std::size_t n, int p) {
+      return description::make(n, p, granule_of<Q>, &Q::template max_compressed_bytes<double>);
+    }
     static constexpr int tag_reduce = cgx::detail::tag_value(cgx::detail::tag::eb_ring_reduce_head);  // + 1: payloads
     static constexpr int tag_gather = cgx::detail::tag_value(cgx::detail::tag::eb_ring_gather_head);  // + 1: payloads
     varsize_exchange<X> vx_;
