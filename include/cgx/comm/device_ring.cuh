@@ -12,6 +12,9 @@
 /// peer at step s - 2, the ordering that cuda_ipc's `prepare_send` relies on. Where the
 /// transport hands over a peer's memory (cuda_ipc), a forwarded chunk is first copied
 /// into this rank's own allgather slot.
+///
+/// The chunks, peers, steps, random keys and summation order are those of the
+/// description schedule::ring (schedule/ring.hpp); the workspace layout is this file's.
 
 #include <cstddef>
 #include <cstdint>
@@ -23,6 +26,7 @@
 #include "../quant/rounding.hpp"
 #include "chunking.hpp"
 #include "device_transport.cuh"
+#include "../schedule/ring.hpp"
 
 namespace cgx::comm {
 
@@ -54,9 +58,10 @@ class device_ring {
     auto gather_off = [&](int c) { return static_cast<std::size_t>(c) * slot; };
     auto send_off = [&](int s) { return static_cast<std::size_t>(p + (s & 1)) * slot; };
     auto recv_off = [&](int s) { return static_cast<std::size_t>(p + 2 + (s & 1)) * slot; };
-    const int right = (me + 1) % p;
-    const int left = (me + p - 1) % p;
-    auto mod = [p](int v) { return ((v % p) + p) % p; };
+    // Chunks, peers and keys; the slots are this file's (sized for max_n, parity send/receive).
+    const description d = description::make(n, p, granule, &D::template compressed_bytes<T>);
+    const int right = d.right(me);
+    const int left = d.left(me);
     auto bytes_of = [&](const chunk& c) { return D::template compressed_bytes<T>(c.count); };
     device_message snd[1];
     device_message rcv[1];
@@ -72,15 +77,13 @@ class device_ring {
 
     // 1. Reduce-scatter: at step s send the running sum of chunk me - s, add chunk me - s - 1.
     for (int s = 0; s + 1 < p; ++s) {
-      const chunk out = chunk_of(n, p, mod(me - s));
-      const chunk in = chunk_of(n, p, mod(me - s - 1));
+      const chunk out = d.chunk_of(d.reduce_out(me, s));
+      const chunk in = d.chunk_of(d.reduce_in(me, s));
       x.prepare_send(stream);
       std::size_t ns = 0, nr = 0;
       if (out.count != 0) {
-        quant::rng_state st = rng;
-        st.stream = static_cast<std::uint32_t>(me);
-        st.position = out.begin;
-        D::template compress<T>(d_buf + out.begin, out.count, ws + send_off(s), st, stream);
+        D::template compress<T>(d_buf + out.begin, out.count, ws + send_off(s),
+                                ::cgx::schedule::keyed(rng, description::contribution_key(me, out)), stream);
         snd[ns++] = msg(right, send_off(s), recv_off(s), bytes_of(out));
       }
       if (in.count != 0) rcv[nr++] = msg(left, recv_off(s), send_off(s), bytes_of(in));
@@ -91,24 +94,22 @@ class device_ring {
     }
 
     // 2. The owner quantizes the finished sum once and keeps the decoded bytes.
-    const int own = mod(me + 1);
-    const chunk mine = chunk_of(n, p, own);
+    const int own = d.owned(me);
+    const chunk mine = d.chunk_of(own);
     x.prepare_send(stream);
     if (mine.count != 0) {
-      quant::rng_state st = rng;
-      st.stream = static_cast<std::uint32_t>(p + me);
-      st.position = mine.begin;
-      D::template compress<T>(d_buf + mine.begin, mine.count, ws + gather_off(own), st, stream);
+      D::template compress<T>(d_buf + mine.begin, mine.count, ws + gather_off(own), ::cgx::schedule::keyed(rng, d.sum_key(me, mine)),
+                              stream);
       if constexpr (!Q::lossless)
         D::template decompress<T>(ws + gather_off(own), mine.count, d_buf + mine.begin, stream);
     }
 
     // 3. Allgather: forward the compressed chunks unchanged.
     for (int s = 0; s + 1 < p; ++s) {
-      const int cout = mod(me + 1 - s);
-      const int cin = mod(me - s);
-      const chunk out = chunk_of(n, p, cout);
-      const chunk in = chunk_of(n, p, cin);
+      const int cout = d.gather_out(me, s);
+      const int cin = d.gather_in(me, s);
+      const chunk out = d.chunk_of(cout);
+      const chunk in = d.chunk_of(cin);
       if (s > 0) x.prepare_send(stream);
       std::size_t ns = 0, nr = 0;
       if (out.count != 0) snd[ns++] = msg(right, gather_off(cout), gather_off(cout), bytes_of(out));
@@ -125,6 +126,7 @@ class device_ring {
   }
 
  private:
+  using description = ::cgx::schedule::ring;
   static std::size_t slot_bytes(std::size_t n, int p) { return device_slot_bytes<D, T>(n, p, granule); }
 };
 
