@@ -73,8 +73,9 @@ struct ring {
     /// Binds to the plan's transport; allocates nothing.
     explicit schedule(X&) {}
 
-    /// The values of n that rank r of p owns (its chunk: bucket-aligned, balanced).
-    static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule); }
+    /// The values of chunk c of n on p ranks (bucket-aligned, balanced). Rank r finishes
+    /// the sum of chunk r + 1 mod p (schedule::ring::owned), not of chunk r.
+    static chunk chunk_of(std::size_t n, int p, int c) { return comm::chunk_of(n, p, c, granule); }
 
     /// In place sum over all ranks of buf[0..n). Collective. Chunks, peers, slots, keys
     /// and the order of sums: schedule::ring.
