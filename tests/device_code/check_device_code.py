@@ -161,9 +161,9 @@ def check_ptx(entry, body, fast_math):
             continue
         if base == "setp" and len(ops) == 3 and ops[1] in fin and ops[2] in ZERO_IMMEDIATES:
             pass  # finiteness test against 0
-        elif base == "min" and len(ops) == 3 and any(re.fullmatch(r"0f[0-9A-Fa-f]{8}", o) and int(o[2:], 16) >= 0x3F800000
-                                                     for o in ops[1:]):
-            pass  # encode_value's clamp to the top code: v >= 0, a flushed v gives the same code
+        elif base == "min" and len(ops) == 3 and any(re.fullmatch(r"0f[0-9A-Fa-f]{8}", o)
+                                                     and 0x3F800000 <= int(o[2:], 16) < 0x7F800000 for o in ops[1:]):
+            pass  # encode_value's clamp to the top code L >= 1 (a finite positive immediate): v >= 0, a flushed v gives the same code
         elif base == "cvt" and re.match(r"cvt\.rzi\.ftz\.[su]32\.f32$", op):
             pass  # truncation to an integer code: a subnormal truncates to 0 flushed or not
         elif base == "cvt" and op == "cvt.ftz.f64.f32" and len(ops) == 2 and is_offset(ops[1]):
