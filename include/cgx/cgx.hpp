@@ -1,7 +1,9 @@
 #pragma once
 /// \file cgx.hpp
 /// The host umbrella header of cgx: everything that compiles with a plain C++20
-/// compiler and MPI. CUDA code includes <cgx/cgx.cuh> instead.
+/// compiler and MPI. CUDA code includes <cgx/cgx.cuh> instead. The cost model
+/// (<cgx/model.hpp>), a tool of the benchmarks and tests, is not part of it: include it
+/// by name.
 
 #include "config.hpp"
 #include "error.hpp"
@@ -30,7 +32,6 @@
 #include "allgather_plan.hpp"
 #include "broadcast_plan.hpp"
 #include "error_bounded_plan.hpp"
-#include "model.hpp"
 #include "layerwise.hpp"
 #include "error_feedback.hpp"
 #include "layerwise_plan.hpp"
