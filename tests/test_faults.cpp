@@ -9,9 +9,11 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mpi_test_util.hpp"
@@ -182,10 +184,16 @@ TEST_CASE("a failed plan reports the failure at every later call; a new plan wor
 
 namespace {
 std::atomic<int> flips_left{0};
+std::atomic<int> payloads_to_skip{0};
 
-// What a faulty link or memory does: one bit of one received payload flips.
+// What a faulty link or memory does: one bit of one received payload flips (after
+// payloads_to_skip intact ones).
 void flip_one_bit(int /*peer*/, void* data, std::size_t bytes) {
-  if (bytes > 0 && flips_left.fetch_sub(1) > 0) static_cast<unsigned char*>(data)[bytes / 2] ^= 0x10;
+  if (bytes == 0 || payloads_to_skip.fetch_sub(1) > 0) return;
+  if (flips_left.fetch_sub(1) <= 0) return;
+  static_cast<unsigned char*>(data)[bytes / 2] ^= 0x10;
+  // Late, as a slow rank would be: its peers may finish their part of the call first.
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
 }
 
 cgx::plan_options verified(std::uint32_t timeout_ms = 0) {
@@ -206,6 +214,7 @@ void corrupt_wire(X x, bool listens) {
   auto v = cgx_test::inputs<float>(r, n);
   if (r == 0) {
     flips_left = 1;
+    payloads_to_skip = 0;
     cgx::comm::detail::received_payload_hook = &flip_one_bit;
   }
   std::string what;
@@ -280,5 +289,32 @@ TEST_CASE("verify set on some ranks only: errc::mismatch, not a silent unchecked
     mismatches += c == static_cast<int>(cgx::errc::mismatch);
   }
   CHECK(mismatches >= 1);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Rank 0's *last* message of a call is corrupt: it throws, while its peers may already
+// have finished the call. With collective checking their next call starts with the
+// argument check, a collective that rank 0 (failed) never joins: it must end with the
+// report rank 0 sent (errc::corrupt), not wait forever.
+TEST_CASE("a rank fails after its peers finished: their next call's collective check throws, not hangs") {
+  const int r = cgx_test::world_rank();
+  const int p = cgx_test::world_size();
+  if (p < 2) return;
+  const std::size_t n = 4096;  // small messages: MPI sends them eagerly, so peers finish first
+  cgx::plan_options o = verified();
+  o.check = cgx::checking::collective;
+  cgx::allreduce_plan<float, Q4, SRA, cgx::comm::mpi> plan{cgx::comm::mpi{MPI_COMM_WORLD}, n, o};
+  auto v = cgx_test::inputs<float>(r, n);
+  if (r == 0) {
+    flips_left = 1;
+    payloads_to_skip = 2 * (p - 1) - 1;  // SRA: p - 1 pieces to reduce, then p - 1 sums
+    cgx::comm::detail::received_payload_hook = &flip_one_bit;
+  }
+  const auto first = cgx_test::error_code_of([&] { plan(v.data(), n); });
+  cgx::comm::detail::received_payload_hook = nullptr;
+  if (r == 0) CHECK(first == cgx::errc::corrupt);
+  const auto second = cgx_test::error_code_of([&] { plan(v.data(), n); });
+  CHECK(second.has_value());
+  if (second) CHECK(*second == cgx::errc::corrupt);
   MPI_Barrier(MPI_COMM_WORLD);
 }

@@ -404,10 +404,47 @@ class mpi {
     detail::check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, MPI_STATUS_IGNORE), "MPI_Iprobe");
   }
 
-  /// Collective: element-wise maximum over all ranks, in place.
+  /// Collective: element-wise maximum over all ranks, in place (a plan's collective
+  /// argument check). Waits like wait_all: a peer's failure report ends it
+  /// (errc::peer_failed, or the peer's errc::timeout / errc::corrupt), and so does the
+  /// wait limit (errc::timeout); so a rank whose previous call finished while a peer's
+  /// failed does not wait forever for that peer, which never joins again. Throws at once
+  /// if this transport failed before.
   void max_all(std::span<std::int64_t> v) {
-    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_INT64_T, MPI_MAX, comm_),
-                      "MPI_Allreduce");
+    if (fault_->failed) throw cgx::error(fault_->code, fault_->what);
+    auto& buf = fault_->collective;  // MPI's buffer: it outlives an abandoned reduction
+    buf.assign(v.begin(), v.end());
+    MPI_Request both[2] = {MPI_REQUEST_NULL, fault_->listen};
+    detail::check_mpi(
+        MPI_Iallreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(buf.size()), MPI_INT64_T, MPI_MAX, comm_, &both[0]),
+        "MPI_Iallreduce");
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int idle = 0;;) {
+      int idx = MPI_UNDEFINED;
+      int flag = 0;
+      const int n = both[1] == MPI_REQUEST_NULL ? 1 : 2;
+      const int rc = limit_.count() == 0 ? (flag = 1, MPI_Waitany(n, both, &idx, MPI_STATUS_IGNORE))
+                                         : MPI_Testany(n, both, &idx, &flag, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) fail_wait({}, errc::transport, rc, "MPI_Iallreduce");
+      if (flag && idx == 0) {
+        std::copy(buf.begin(), buf.end(), v.begin());
+        return;
+      }
+      if (flag && idx == 1) {
+        // A peer's report. The reduction cannot be cancelled: it stays with MPI, on a
+        // communicator and a buffer that a failed transport never frees (release()).
+        fault_->listen = MPI_REQUEST_NULL;
+        fault_->abandoned = true;
+        peer_reported({});
+      }
+      if (std::chrono::steady_clock::now() - t0 > limit_) {
+        fault_->abandoned = true;
+        fail_wait({}, errc::timeout, MPI_SUCCESS,
+                  "waited more than " + std::to_string(limit_.count()) +
+                      " ms (plan_options::timeout_ms) in the collective argument check: a rank did not make the call");
+      }
+      if (++idle > 64) std::this_thread::yield();
+    }
   }
 
  private:
@@ -429,6 +466,7 @@ class mpi {
     std::vector<MPI_Request> live;  // scratch of wait_all
     std::vector<int> which;
     std::deque<detail::wire_header> headers;  // of the requests in flight (stable addresses)
+    std::vector<std::int64_t> collective;     // max_all's buffer
     std::size_t outstanding = 0;              // MPI requests posted and not yet completed
   };
 
