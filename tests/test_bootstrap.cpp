@@ -1,0 +1,250 @@
+// comm::run_forked and comm::socket_bootstrap (include/cgx/comm/fork_group.hpp), the
+// process group with no MPI that lets comm::cuda_ipc run where MPI is missing. One
+// process, no MPI, no GPU: the test forks its ranks itself. For 1..4 ranks: allgather
+// delivers every rank's blob to every rank in rank order (small, empty and 1 MiB blobs,
+// through copies of the bootstrap), max_all and any_bootstrap work over it, no rank
+// leaves a barrier before the last one entered it; a rank that exits early (rank 0, the
+// hub, or another) makes every other rank throw errc::transport at once, one that hangs
+// makes them throw within the timeout, unequal lengths make every rank throw; exit codes
+// (returned, thrown, killed by the wait limit) reach the caller, and the caller keeps no
+// descriptor. Rank bodies report through their exit code: a doctest check in a forked
+// rank would be lost with the process.
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <cgx/comm/bootstrap.hpp>
+#include <cgx/comm/fork_group.hpp>
+#include <cgx/error.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using cgx::comm::fork_options;
+using cgx::comm::run_forked;
+using cgx::comm::socket_bootstrap;
+using std::chrono::milliseconds;
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+/// Byte i of rank r's blob of call c.
+std::byte pattern(int r, std::size_t i, int c) {
+  return static_cast<std::byte>((static_cast<std::size_t>(r) * 131 + i * 7 + static_cast<std::size_t>(c) * 29) & 0xff);
+}
+
+/// One allgather of m bytes per rank on `b`; true when every blob arrived in rank order.
+bool allgather_ok(socket_bootstrap& b, std::size_t m, int c) {
+  const auto p = static_cast<std::size_t>(b.size());
+  std::vector<std::byte> mine(m), all(p * m, std::byte{0xEE});
+  for (std::size_t i = 0; i < m; ++i) mine[i] = pattern(b.rank(), i, c);
+  b.allgather(mine, all);
+  for (std::size_t r = 0; r < p; ++r)
+    for (std::size_t i = 0; i < m; ++i)
+      if (all[r * m + i] != pattern(static_cast<int>(r), i, c)) return false;
+  return true;
+}
+
+/// Open descriptors of this process.
+int open_fds() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (::readdir(d) != nullptr) ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+/// Runs `fn(b)` in a rank: returns 0 when it threw cgx::error(errc::transport) within
+/// `within`, 2 when it did not throw, 3 when it threw something else, 4 when too late.
+template <class F>
+int throws_transport(F&& fn, milliseconds within) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    fn();
+  } catch (const cgx::error& e) {
+    if (e.code() != cgx::errc::transport) return 3;
+    return std::chrono::steady_clock::now() - t0 <= within ? 0 : 4;
+  } catch (...) {
+    return 3;
+  }
+  return 2;
+}
+
+}  // namespace
+
+TEST_CASE("run_forked: allgather delivers every blob in rank order, at 1 to 4 ranks") {
+  for (int n = 1; n <= 4; ++n) {
+    CAPTURE(n);
+    const int fds_before = open_fds();
+    const auto res = run_forked(n, [](socket_bootstrap& b) {
+      socket_bootstrap copy = b;  // copies share the channel
+      int c = 0;
+      for (std::size_t m : {std::size_t{13}, std::size_t{0}, std::size_t{1} << 20, std::size_t{1}, std::size_t{64}}) {
+        if (!allgather_ok(c % 2 == 0 ? b : copy, m, c)) return 10 + c;
+        ++c;
+      }
+      std::int64_t v[2] = {b.rank(), -b.rank()};
+      cgx::comm::max_all(b, v);
+      if (v[0] != b.size() - 1 || v[1] != 0) return 20;
+      cgx::comm::any_bootstrap any(b);
+      static_assert(cgx::comm::bootstrap<cgx::comm::any_bootstrap>);
+      if (any.rank() != b.rank() || any.size() != b.size() || !any.same_node()) return 21;
+      any.barrier();
+      return 0;
+    });
+    REQUIRE(res.codes.size() == static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) CHECK_MESSAGE(res.codes[static_cast<std::size_t>(r)] == 0, "rank " << r);
+    CHECK(res.code() == 0);
+    CHECK(open_fds() == fds_before);
+  }
+}
+
+TEST_CASE("run_forked: no rank leaves a barrier before the last one entered it") {
+  for (int n = 2; n <= 4; ++n) {
+    CAPTURE(n);
+    const auto res = run_forked(n, [](socket_bootstrap& b) {
+      for (int round = 0; round < 3; ++round) {
+        // A different rank arrives last in each round.
+        const int late = (b.size() - 1 + round) % b.size();
+        if (b.rank() == late) std::this_thread::sleep_for(milliseconds(40));
+        const std::int64_t in = now_ns();
+        b.barrier();
+        const std::int64_t out = now_ns();
+        const auto p = static_cast<std::size_t>(b.size());
+        std::vector<std::int64_t> ins(p), outs(p);
+        b.allgather(std::as_bytes(std::span<const std::int64_t>(&in, 1)), std::as_writable_bytes(std::span(ins)));
+        b.allgather(std::as_bytes(std::span<const std::int64_t>(&out, 1)), std::as_writable_bytes(std::span(outs)));
+        std::int64_t last_in = ins[0], first_out = outs[0];
+        for (std::size_t r = 0; r < p; ++r) {
+          last_in = std::max(last_in, ins[r]);
+          first_out = std::min(first_out, outs[r]);
+        }
+        if (first_out < last_in) return 30 + round;
+      }
+      return 0;
+    });
+    CHECK(res.code() == 0);
+  }
+}
+
+TEST_CASE("run_forked: a rank that exits early makes the others throw errc::transport at once") {
+  // The timeout is long: the others must notice the closed sockets, not time out.
+  const fork_options opt{milliseconds(20000), milliseconds(0)};
+  for (int n = 2; n <= 4; ++n)
+    for (int quitter : {0, n - 1}) {
+      CAPTURE(n);
+      CAPTURE(quitter);
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto res = run_forked(
+          n,
+          [quitter](socket_bootstrap& b) {
+            b.barrier();  // everyone is up
+            if (b.rank() == quitter) return 5;
+            return throws_transport(
+                [&] {
+                  for (int i = 0; i < 100; ++i) b.barrier();
+                },
+                milliseconds(5000));
+          },
+          opt);
+      for (int r = 0; r < n; ++r)
+        CHECK_MESSAGE(res.codes[static_cast<std::size_t>(r)] == (r == quitter ? 5 : 0), "rank " << r);
+      CHECK(res.code() == 5);
+      CHECK(std::chrono::steady_clock::now() - t0 < milliseconds(10000));
+    }
+}
+
+TEST_CASE("run_forked: a rank that hangs makes the others throw errc::transport within the timeout") {
+  const fork_options opt{milliseconds(300), milliseconds(0)};
+  for (int n = 2; n <= 4; ++n) {
+    CAPTURE(n);
+    const auto res = run_forked(
+        n,
+        [](socket_bootstrap& b) {
+          b.barrier();
+          if (b.rank() == 1) {  // silent, alive, past the others' timeout
+            std::this_thread::sleep_for(milliseconds(1500));
+            return 0;
+          }
+          const auto t0 = std::chrono::steady_clock::now();
+          const int rc = throws_transport([&] { b.barrier(); }, milliseconds(1200));
+          // Rank 0 waits out its timeout; the others learn from rank 0 right after.
+          if (rc == 0 && std::chrono::steady_clock::now() - t0 < milliseconds(250)) return 6;
+          return rc;
+        },
+        opt);
+    CHECK(res.code() == 0);
+  }
+}
+
+TEST_CASE("run_forked: unequal allgather lengths make every rank throw errc::transport") {
+  const fork_options opt{milliseconds(20000), milliseconds(0)};
+  for (int n = 2; n <= 4; ++n) {
+    CAPTURE(n);
+    const auto res = run_forked(
+        n,
+        [](socket_bootstrap& b) {
+          const std::size_t m = b.rank() == b.size() - 1 ? 8 : 4;
+          std::vector<std::byte> mine(m), all(m * static_cast<std::size_t>(b.size()));
+          const int rc = throws_transport([&] { b.allgather(mine, all); }, milliseconds(5000));
+          if (rc != 0) return rc;
+          // Later calls fail too.
+          return throws_transport([&] { b.barrier(); }, milliseconds(100)) == 0 ? 0 : 7;
+        },
+        opt);
+    CHECK(res.code() == 0);
+  }
+}
+
+TEST_CASE("run_forked: exit codes reach the caller") {
+  auto res = run_forked(4, [](socket_bootstrap& b) { return 10 + b.rank(); });
+  CHECK(res.codes == std::vector<int>{10, 11, 12, 13});
+  CHECK(res.code() == 10);
+
+  res = run_forked(3, [](socket_bootstrap& b) -> int {
+    if (b.rank() == 2) throw std::runtime_error("rank 2 fails on purpose (expected in this test)");
+    return 0;
+  });
+  CHECK(res.codes == std::vector<int>{0, 0, 1});
+  CHECK(res.code() == 1);
+
+  res = run_forked(2, [](socket_bootstrap&) { return 77; });
+  CHECK(res.code() == 77);
+  res = run_forked(2, [](socket_bootstrap& b) { return b.rank() == 0 ? 77 : 0; });
+  CHECK(res.code() == 77);
+  res = run_forked(2, [](socket_bootstrap& b) { return b.rank() == 0 ? 77 : 3; });
+  CHECK(res.code() == 3);
+
+  // The wait limit kills a rank that runs too long: 128 + SIGKILL.
+  const auto t0 = std::chrono::steady_clock::now();
+  res = run_forked(
+      2,
+      [](socket_bootstrap& b) {
+        if (b.rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(30));
+        return 0;
+      },
+      fork_options{milliseconds(1000), milliseconds(300)});
+  CHECK(res.codes == std::vector<int>{0, 128 + 9});
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+
+  bool threw = false;
+  try {
+    (void)run_forked(0, [](socket_bootstrap&) { return 0; });
+  } catch (const cgx::error& e) {
+    threw = e.code() == cgx::errc::invalid_argument;
+  }
+  CHECK(threw);
+}
