@@ -20,7 +20,8 @@
 ///  - Whether the host blocks depends on the transport: comm::mpi blocks until its
 ///    messages are complete (it synchronizes on the copies that feed MPI: on each staged
 ///    chunk, or on the whole stream for a CUDA-aware MPI); comm::cuda_ipc blocks in one
-///    MPI_Barrier per exchange (SRA: 2, ring: 2 (p - 1)) but never waits for the GPU;
+///    barrier of its bootstrap per exchange (SRA: 2, ring: 2 (p - 1)) but never waits
+///    for the GPU;
 ///    comm::nccl does not block. The native path below the threshold blocks for MPI
 ///    (it synchronizes the stream) and not for NCCL.
 ///  - Collective: every rank calls it with the same n, in the same order as its other
@@ -45,8 +46,10 @@
 #include "comm/device_ring.cuh"
 #include "comm/device_sra.cuh"
 #include "comm/device_transport.cuh"
+#if __has_include(<mpi.h>)  // comm::mpi and comm::mpi_device; a build without MPI has cuda_ipc
 #include "comm/mpi.hpp"
 #include "comm/mpi_device.cuh"
+#endif
 #include "comm/ring.hpp"
 #include "comm/scatter_reduce_allgather.hpp"
 #include "error.hpp"
@@ -62,11 +65,13 @@ template <class X>
 struct device_transport_of {
   using type = X;  ///< the device transport
 };
+#if __has_include(<mpi.h>)
 /// comm::mpi moves device buffers through comm::mpi_device.
 template <>
 struct device_transport_of<mpi> {
   using type = mpi_device;  ///< the device transport
 };
+#endif
 }  // namespace comm
 
 namespace detail {

@@ -3,13 +3,18 @@
 /// `cgx::comm::cuda_ipc`: a device transport between the processes of one node through
 /// CUDA IPC: each rank exports its device workspace (`cudaIpcGetMemHandle`) and two
 /// interprocess events (`cudaIpcGetEventHandle`, created with
-/// `cudaEventInterprocess | cudaEventDisableTiming`); the peers map them once. MPI is
-/// used only to set up (MPI_Allgather of the handles) and for one MPI_Barrier per
-/// exchange: no payload byte goes through MPI or the host.
+/// `cudaEventInterprocess | cudaEventDisableTiming`); the peers map them once. The
+/// process group is a `bootstrap` (comm/bootstrap.hpp), used only to set up (allgather
+/// of the handles, agreement on failures) and for one barrier per exchange: no payload
+/// byte goes through it or the host. The bootstrap is an MPI communicator
+/// (`cuda_ipc{MPI_COMM_WORLD}`, through comm::mpi_bootstrap, when <mpi.h> is reachable)
+/// or, with no MPI at all, a comm::socket_bootstrap of processes made by
+/// comm::run_forked (comm/fork_group.hpp). Nothing else in this file needs MPI.
 ///
 /// Protocol (pull): in an exchange, every rank
 ///   1. records its event `ready` on the stream (its send data is complete there),
-///   2. enters MPI_Barrier: after it, every peer's `ready` record has been enqueued,
+///   2. enters the bootstrap's barrier: after it, every peer's `ready` record has been
+///      enqueued,
 ///   3. for each receive, makes its stream wait for the sender's `ready`
 ///      (cudaStreamWaitEvent on the imported event) and hands the *sender's* workspace
 ///      address to the consumer, which reads the bytes in place (decompress_add straight
@@ -39,100 +44,46 @@
 /// undefined behaviour to free an exported allocation before every importer has called
 /// cudaIpcCloseMemHandle, or to use an imported event after its exporter destroyed it.
 /// So every rank first waits for its own reads of the peers' memory (`done`), then
-/// closes what it imported (memory handles, events), and only after an MPI_Barrier, when
+/// closes what it imported (memory handles, events), and only after a barrier, when
 /// every peer has done the same, frees its own workspace and destroys its own events.
 /// (Freeing right after a barrier that preceded the peers' closes, as this file once did,
 /// raced with them.)
-
-#include <mpi.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
 
 #include "../error.hpp"
+#include "bootstrap.hpp"
 #include "device_transport.cuh"
-#include "mpi.hpp"
+#if __has_include(<mpi.h>)
+#include "mpi_bootstrap.hpp"  // an MPI_Comm is a bootstrap_source
+#endif
 
 namespace cgx::comm {
 
 /// CUDA IPC device transport (see the file comment). Construction, reserve() and
-/// destruction are collective over the communicator. Uses the CUDA device current at
+/// destruction are collective over the bootstrap. Uses the CUDA device current at
 /// construction (call cudaSetDevice first) and makes it current in each of its calls
 /// (restoring the caller's after), so one thread may drive plans on several GPUs.
 /// Move-constructible (the exported memory and events move with it), not copyable or
 /// assignable; a plan owns one.
 class cuda_ipc {
  public:
-  /// Collective over `comm` (duplicated). Throws cgx::error: errc::communicator when the
-  /// ranks are not all on one node (MPI_Comm_split_type), errc::cuda when the events
-  /// cannot be created, exported or imported.
-  explicit cuda_ipc(MPI_Comm comm) : x_(comm) {
-    device_ = detail::current_device("cgx::comm::cuda_ipc");
-    const int p = x_.size();
-    const int me = x_.rank();
-    MPI_Comm node = MPI_COMM_NULL;
-    detail::check_mpi(MPI_Comm_split_type(x_.comm(), MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &node),
-                      "cgx::comm::cuda_ipc: MPI_Comm_split_type");
-    int node_size = 0;
-    const int size_rc = MPI_Comm_size(node, &node_size);
-    const int free_rc = MPI_Comm_free(&node);
-    detail::check_mpi(size_rc, "cgx::comm::cuda_ipc: MPI_Comm_size (node communicator)");
-    detail::check_mpi(free_rc, "cgx::comm::cuda_ipc: MPI_Comm_free (node communicator)");
-    std::int64_t off_node[1] = {node_size == p ? 0 : 1};
-    x_.max_all(off_node);
-    if (off_node[0] != 0)
-      throw cgx::error(errc::communicator,
-                       "cgx::comm::cuda_ipc: every rank must be on one node (CUDA IPC does not cross nodes); this "
-                       "communicator of " + std::to_string(p) + " ranks spans several");
-
-    ready_ = cuda_event(cudaEventInterprocess | cudaEventDisableTiming);
-    done_ = cuda_event(cudaEventInterprocess | cudaEventDisableTiming);
-    struct info {
-      cudaIpcEventHandle_t ready;
-      cudaIpcEventHandle_t done;
-      int device;
-      int pid_rank;
-    };
-    info mine{};
-    detail::cuda_check(cudaIpcGetEventHandle(&mine.ready, ready_.get()), "cgx::comm::cuda_ipc: cudaIpcGetEventHandle");
-    detail::cuda_check(cudaIpcGetEventHandle(&mine.done, done_.get()), "cgx::comm::cuda_ipc: cudaIpcGetEventHandle");
-    mine.device = device_;
-    mine.pid_rank = me;
-    std::vector<info> all(static_cast<std::size_t>(p));
-    detail::check_mpi(MPI_Allgather(&mine, sizeof(info), MPI_BYTE, all.data(), sizeof(info), MPI_BYTE, x_.comm()),
-                      "cgx::comm::cuda_ipc: MPI_Allgather of event handles");
-    peer_ready_.assign(static_cast<std::size_t>(p), nullptr);
-    peer_done_.assign(static_cast<std::size_t>(p), nullptr);
-    peer_mem_.assign(static_cast<std::size_t>(p), nullptr);
-    // Import everything before deciding, so that every rank throws (or not) together.
-    std::string failure;
-    for (int r = 0; r < p && failure.empty(); ++r) {
-      if (r == me) continue;
-      const auto& h = all[static_cast<std::size_t>(r)];
-      cudaError_t e = cudaIpcOpenEventHandle(&peer_ready_[static_cast<std::size_t>(r)], h.ready);
-      if (e == cudaSuccess) e = cudaIpcOpenEventHandle(&peer_done_[static_cast<std::size_t>(r)], h.done);
-      if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        failure = "cudaIpcOpenEventHandle of rank " + std::to_string(r) + "'s events (device " +
-                  std::to_string(h.device) + ", this rank on device " + std::to_string(device_) +
-                  ") failed: " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
-      }
-    }
-    try {
-      agree_or_throw(failure);
-    } catch (...) {
-      // Every rank throws here (agree_or_throw is collective): close the imports, wait
-      // for the peers to have closed theirs, then let the members destroy the exports.
-      destroy_peer_events();
-      (void)MPI_Barrier(x_.comm());
-      throw;
-    }
-  }
+  /// Collective over `source`: a bootstrap (comm::socket_bootstrap, comm::mpi_bootstrap,
+  /// comm::any_bootstrap), taken over, or a bootstrap_source such as an MPI_Comm
+  /// (duplicated, through comm::mpi_bootstrap). Throws cgx::error: errc::communicator
+  /// when the ranks are not all on one node (the bootstrap's same_node()),
+  /// errc::transport when the bootstrap fails, errc::cuda when the events cannot be
+  /// created, exported or imported.
+  template <class S>
+    requires(bootstrap<S> || bootstrap_source<S>)
+  explicit cuda_ipc(S source) : cuda_ipc(make_bootstrap(std::move(source)), 0) {}
 
   /// Movable (the plan takes the transport by value); not copyable.
   cuda_ipc(cuda_ipc&&) noexcept = default;
@@ -142,24 +93,26 @@ class cuda_ipc {
 
   /// Collective (see "Teardown" in the file comment). Waits until this rank's reads of
   /// the peers' memory are done, closes the peers' memory and events, waits in
-  /// MPI_Barrier until every rank has, and only then (the members' destructors) frees its
-  /// own workspace and destroys its own events. After MPI_Finalize no barrier is
-  /// possible: the order then rests on the peers having closed before finalizing.
+  /// bootstrap's barrier until every rank has, and only then (the members' destructors)
+  /// frees its own workspace and destroys its own events. When the barrier fails (after
+  /// MPI_Finalize; a dead peer or a timeout of a socket_bootstrap) the order rests on the
+  /// peers having closed before.
   ~cuda_ipc() {
-    if (x_.comm() == MPI_COMM_NULL) return;  // moved from: owns nothing
+    if (!boot_) return;  // moved from: owns nothing
     detail::device_guard on(device_, std::nothrow);
     if (done_.get() != nullptr && cudaEventSynchronize(done_.get()) != cudaSuccess) (void)cudaGetLastError();
     close_peer_memory();
     destroy_peer_events();
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) (void)MPI_Barrier(x_.comm());
+    try {
+      boot_.barrier();
+    } catch (const cgx::error&) {  // nothing to tell in a destructor
+    }
   }
 
   /// This process's rank.
-  [[nodiscard]] int rank() const noexcept { return x_.rank(); }
+  [[nodiscard]] int rank() const noexcept { return rank_; }
   /// Number of ranks.
-  [[nodiscard]] int size() const noexcept { return x_.size(); }
+  [[nodiscard]] int size() const noexcept { return size_; }
   /// The CUDA device this rank uses.
   [[nodiscard]] int device() const noexcept { return device_; }
 
@@ -172,17 +125,17 @@ class cuda_ipc {
     if (mem_.get() != nullptr) {
       detail::cuda_check(cudaEventSynchronize(done_.get()), "cgx::comm::cuda_ipc: cudaEventSynchronize");
       close_peer_memory();
-      detail::check_mpi(MPI_Barrier(x_.comm()), "cgx::comm::cuda_ipc: MPI_Barrier");
+      boot_.barrier();
       mem_.reset();
     }
-    const int p = x_.size();
-    const int me = x_.rank();
+    const int p = size_;
+    const int me = rank_;
     mem_ = device_memory(bytes < 256 ? 256 : bytes);
     cudaIpcMemHandle_t mine{};
     detail::cuda_check(cudaIpcGetMemHandle(&mine, mem_.get()), "cgx::comm::cuda_ipc: cudaIpcGetMemHandle");
     std::vector<cudaIpcMemHandle_t> all(static_cast<std::size_t>(p));
-    detail::check_mpi(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, x_.comm()),
-                      "cgx::comm::cuda_ipc: MPI_Allgather of memory handles");
+    boot_.allgather(std::as_bytes(std::span<const cudaIpcMemHandle_t>(&mine, 1)),
+                    std::as_writable_bytes(std::span<cudaIpcMemHandle_t>(all)));
     std::string failure;
     for (int r = 0; r < p && failure.empty(); ++r) {
       if (r == me) continue;
@@ -208,8 +161,8 @@ class cuda_ipc {
   void prepare_send(cudaStream_t stream) {
     detail::device_guard on(device_);
     order_after_own(stream);
-    for (int r = 0; r < x_.size(); ++r) {
-      if (r == x_.rank()) continue;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
       detail::cuda_check(cudaStreamWaitEvent(stream, peer_done_[static_cast<std::size_t>(r)], 0),
                          "cgx::comm::cuda_ipc: cudaStreamWaitEvent (peer done)");
     }
@@ -224,7 +177,7 @@ class cuda_ipc {
     detail::device_guard on(device_);
     order_after_own(stream);
     detail::cuda_check(cudaEventRecord(ready_.get(), stream), "cgx::comm::cuda_ipc: cudaEventRecord (ready)");
-    detail::check_mpi(MPI_Barrier(x_.comm()), "cgx::comm::cuda_ipc: MPI_Barrier");
+    boot_.barrier();
     for (std::size_t i = 0; i < recvs.size(); ++i) {
       const auto& m = recvs[i];
       const auto r = static_cast<std::size_t>(m.peer);
@@ -235,16 +188,79 @@ class cuda_ipc {
     detail::cuda_check(cudaEventRecord(done_.get(), stream), "cgx::comm::cuda_ipc: cudaEventRecord (done)");
   }
 
-  /// Collective: element-wise maximum over all ranks (host values, over MPI).
-  void max_all(std::span<std::int64_t> v) { x_.max_all(v); }
+  /// Collective: element-wise maximum over all ranks (host values, over the bootstrap).
+  void max_all(std::span<std::int64_t> v) { comm::max_all(boot_, v); }
 
  private:
+  template <class S>
+  static any_bootstrap make_bootstrap(S source) {
+    if constexpr (bootstrap<S>)
+      return any_bootstrap(std::move(source));
+    else
+      return any_bootstrap(bootstrap_from<S>::make(source));
+  }
+
+  /// The constructor proper (the int only tells it from the public template).
+  cuda_ipc(any_bootstrap boot, int) : boot_(std::move(boot)), rank_(boot_.rank()), size_(boot_.size()) {
+    device_ = detail::current_device("cgx::comm::cuda_ipc");
+    const int p = size_;
+    const int me = rank_;
+    if (!boot_.same_node())
+      throw cgx::error(errc::communicator,
+                       "cgx::comm::cuda_ipc: every rank must be on one node (CUDA IPC does not cross nodes); this "
+                       "group of " + std::to_string(p) + " ranks spans several");
+    ready_ = cuda_event(cudaEventInterprocess | cudaEventDisableTiming);
+    done_ = cuda_event(cudaEventInterprocess | cudaEventDisableTiming);
+    struct info {
+      cudaIpcEventHandle_t ready;
+      cudaIpcEventHandle_t done;
+      int device;
+      int pid_rank;
+    };
+    info mine{};
+    detail::cuda_check(cudaIpcGetEventHandle(&mine.ready, ready_.get()), "cgx::comm::cuda_ipc: cudaIpcGetEventHandle");
+    detail::cuda_check(cudaIpcGetEventHandle(&mine.done, done_.get()), "cgx::comm::cuda_ipc: cudaIpcGetEventHandle");
+    mine.device = device_;
+    mine.pid_rank = me;
+    std::vector<info> all(static_cast<std::size_t>(p));
+    boot_.allgather(std::as_bytes(std::span<const info>(&mine, 1)), std::as_writable_bytes(std::span<info>(all)));
+    peer_ready_.assign(static_cast<std::size_t>(p), nullptr);
+    peer_done_.assign(static_cast<std::size_t>(p), nullptr);
+    peer_mem_.assign(static_cast<std::size_t>(p), nullptr);
+    // Import everything before deciding, so that every rank throws (or not) together.
+    std::string failure;
+    for (int r = 0; r < p && failure.empty(); ++r) {
+      if (r == me) continue;
+      const auto& h = all[static_cast<std::size_t>(r)];
+      cudaError_t e = cudaIpcOpenEventHandle(&peer_ready_[static_cast<std::size_t>(r)], h.ready);
+      if (e == cudaSuccess) e = cudaIpcOpenEventHandle(&peer_done_[static_cast<std::size_t>(r)], h.done);
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        failure = "cudaIpcOpenEventHandle of rank " + std::to_string(r) + "'s events (device " +
+                  std::to_string(h.device) + ", this rank on device " + std::to_string(device_) +
+                  ") failed: " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+      }
+    }
+    try {
+      agree_or_throw(failure);
+    } catch (...) {
+      // Every rank throws here (agree_or_throw is collective): close the imports, wait
+      // for the peers to have closed theirs, then let the members destroy the exports.
+      destroy_peer_events();
+      try {
+        boot_.barrier();
+      } catch (const cgx::error&) {  // the bootstrap failed too: throw the first error
+      }
+      throw;
+    }
+  }
+
   /// Throws on every rank when any rank's `failure` is not empty (collective).
   void agree_or_throw(const std::string& failure) {
     std::int64_t bad[1] = {failure.empty() ? 0 : 1};
-    x_.max_all(bad);
+    max_all(bad);
     if (bad[0] == 0) return;
-    throw cgx::error(errc::cuda, "cgx::comm::cuda_ipc (rank " + std::to_string(x_.rank()) + "): " +
+    throw cgx::error(errc::cuda, "cgx::comm::cuda_ipc (rank " + std::to_string(rank_) + "): " +
                                      (failure.empty() ? std::string("another rank could not map CUDA IPC handles")
                                                       : failure));
   }
@@ -271,7 +287,9 @@ class cuda_ipc {
     }
   }
 
-  mpi x_;
+  any_bootstrap boot_;
+  int rank_ = 0;
+  int size_ = 1;
   int device_ = 0;
   cuda_event ready_;
   cuda_event done_;
