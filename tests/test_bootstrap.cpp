@@ -6,12 +6,14 @@
 // leaves a barrier before the last one entered it; a rank that exits early (rank 0, the
 // hub, or another) makes every other rank throw errc::transport at once, one that hangs
 // makes them throw within the timeout, unequal lengths make every rank throw; exit codes
-// (returned, thrown, killed by the wait limit) reach the caller, and the caller keeps no
-// descriptor. Rank bodies report through their exit code: a doctest check in a forked
+// (returned, thrown, killed by the wait limit) reach the caller, the caller keeps no
+// descriptor, and the ranks die with a supervisor that is killed. Rank bodies report through their exit code: a doctest check in a forked
 // rank would be lost with the process.
 #include <doctest/doctest.h>
 
 #include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cgx/comm/bootstrap.hpp>
@@ -22,6 +24,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <span>
 #include <stdexcept>
@@ -65,6 +68,20 @@ int open_fds() {
     ::closedir(d);
   }
   return n;
+}
+
+/// True when process `pid` is gone or a zombie.
+bool dead(pid_t pid) {
+  if (::kill(pid, 0) != 0) return true;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  std::FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return true;
+  int id = 0;
+  char state = '?';
+  const int got = std::fscanf(f, "%d %*s %c", &id, &state);
+  std::fclose(f);
+  return got == 2 && (state == 'Z' || state == 'X');
 }
 
 /// Runs `fn(b)` in a rank: returns 0 when it threw cgx::error(errc::transport) within
@@ -248,3 +265,44 @@ TEST_CASE("run_forked: exit codes reach the caller") {
   }
   CHECK(threw);
 }
+
+#if defined(__linux__)
+TEST_CASE("run_forked: the ranks die when the supervisor is killed") {
+  int fds[2] = {-1, -1};
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t supervisor = ::fork();
+  REQUIRE(supervisor >= 0);
+  if (supervisor == 0) {  // the supervisor: its ranks report their pids, then sleep
+    (void)::close(fds[0]);
+    const int out = fds[1];
+    (void)run_forked(2, [out](socket_bootstrap&) {
+      const pid_t me = ::getpid();
+      if (::write(out, &me, sizeof me) != static_cast<ssize_t>(sizeof me)) return 1;
+      std::this_thread::sleep_for(std::chrono::seconds(30));
+      return 0;
+    });
+    ::_exit(0);
+  }
+  (void)::close(fds[1]);
+  pid_t ranks[2] = {0, 0};
+  std::size_t got = 0;
+  while (got < sizeof ranks) {
+    const ssize_t k = ::read(fds[0], reinterpret_cast<char*>(ranks) + got, sizeof ranks - got);
+    if (k <= 0) break;
+    got += static_cast<std::size_t>(k);
+  }
+  (void)::close(fds[0]);
+  REQUIRE(got == sizeof ranks);
+  (void)::kill(supervisor, SIGKILL);
+  int st = 0;
+  (void)::waitpid(supervisor, &st, 0);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!(dead(ranks[0]) && dead(ranks[1])) && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(milliseconds(10));
+  CHECK(dead(ranks[0]));
+  CHECK(dead(ranks[1]));
+  // Whatever happened, leave nothing running.
+  for (pid_t r : ranks)
+    if (!dead(r)) (void)::kill(r, SIGKILL);
+}
+#endif
