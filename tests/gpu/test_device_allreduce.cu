@@ -4,6 +4,13 @@
 // so on a single-GPU machine every rank uses GPU 0, which comm::mpi and comm::cuda_ipc
 // allow and NCCL refuses (the nccl test skips when there are fewer GPUs than ranks).
 //
+// With CGX_TEST_FORK=1 (cuda_ipc only) the program needs no MPI at all: it forks its
+// ranks itself (comm::run_forked) and cuda_ipc sets up over their comm::socket_bootstrap;
+// `test_device_allreduce_cuda_ipc_fork NP` runs NP ranks, without an argument 2, 3 and 4
+// one after the other. The supervising process never touches CUDA (CUDA does not survive
+// fork); each rank initializes its own. The README example (it names MPI_COMM_WORLD) is
+// left out there; everything else is the same.
+//
 // Checks, for every case and every one of several calls on one plan:
 //  - every rank ends with the same bits (compared with rank 0's result);
 //  - the error bound of the schedule (SRA: 2 quantizations on an element's path, ring:
@@ -13,7 +20,12 @@
 //    threshold (MPI_Allreduce / ncclAllReduce);
 //  - a host pointer or a count above max_count throws cgx::error on every rank.
 // Exit 77 (CTest: skipped) without a CUDA device, before MPI starts.
+#ifndef CGX_TEST_FORK
+#define CGX_TEST_FORK 0
+#endif
+#if !CGX_TEST_FORK
 #include <mpi.h>
+#endif
 
 #include "gpu_test.hpp"
 
@@ -23,9 +35,14 @@
 #endif
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <span>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -41,6 +58,9 @@ constexpr const char* transport_name = "nccl";
 #else
 #error "CGX_TEST_TRANSPORT must be 1 (mpi), 2 (cuda_ipc) or 3 (nccl)"
 #endif
+#if CGX_TEST_FORK && CGX_TEST_TRANSPORT != 2
+#error "CGX_TEST_FORK needs CGX_TEST_TRANSPORT 2 (cuda_ipc): the other transports set up over MPI"
+#endif
 
 using R = cgx::comm::scatter_reduce_allgather;
 using cgx::quant::nearest;
@@ -49,6 +69,38 @@ using cgx::quant::stochastic;
 int rank_ = 0;
 int size_ = 1;
 cudaStream_t stream_ = nullptr;
+
+#if CGX_TEST_FORK
+cgx::comm::socket_bootstrap* boot_ = nullptr;  // this rank's, for the run of run_checks()
+/// A transport over the ranks' bootstrap (a copy: one channel, calls in one order).
+X make_transport() { return X{*boot_}; }
+/// Rank 0's `bytes` bytes at p on every rank.
+void bcast_from_0(void* p, std::size_t bytes) {
+  std::vector<std::byte> all(bytes * static_cast<std::size_t>(size_));
+  boot_->allgather(std::span<const std::byte>(static_cast<const std::byte*>(p), bytes), all);
+  if (bytes != 0) std::memcpy(p, all.data(), bytes);
+}
+/// Element-wise sums of v over the ranks, in place.
+void sum_all(std::span<int> v) {
+  std::vector<int> all(v.size() * static_cast<std::size_t>(size_));
+  boot_->allgather(std::as_bytes(std::span<const int>(v)), std::as_writable_bytes(std::span<int>(all)));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    v[i] = 0;
+    for (int r = 0; r < size_; ++r) v[i] += all[static_cast<std::size_t>(r) * v.size() + i];
+  }
+}
+#else
+/// A transport over MPI_COMM_WORLD.
+X make_transport() { return X{MPI_COMM_WORLD}; }
+/// Rank 0's `bytes` bytes at p on every rank.
+void bcast_from_0(void* p, std::size_t bytes) {
+  if (bytes != 0) MPI_Bcast(p, static_cast<int>(bytes), MPI_BYTE, 0, MPI_COMM_WORLD);
+}
+/// Element-wise sums of v over the ranks, in place.
+void sum_all(std::span<int> v) {
+  MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+}
+#endif
 
 /// A counter-based hash: input i of rank r for a given salt, identical on every rank.
 std::uint64_t mix(std::uint64_t x) {
@@ -87,8 +139,7 @@ std::string ctx(const std::string& what, std::size_t n, int call) {
 template <class T>
 bool same_as_rank0(const std::vector<T>& got) {
   std::vector<T> zero(got);
-  if (!zero.empty())
-    MPI_Bcast(zero.data(), static_cast<int>(zero.size() * sizeof(T)), MPI_BYTE, 0, MPI_COMM_WORLD);
+  bcast_from_0(zero.data(), zero.size() * sizeof(T));
   return zero.empty() || std::memcmp(zero.data(), got.data(), got.size() * sizeof(T)) == 0;
 }
 
@@ -138,7 +189,7 @@ void check_plan(const char* name, std::size_t max_count, std::initializer_list<s
   cgx::plan_options opts;
   opts.native_below_bytes = native_below_bytes;
   opts.check = cgx::checking::collective;
-  cgx::device_allreduce_plan<T, Q, Red, X> plan{X{MPI_COMM_WORLD}, max_count, opts};
+  cgx::device_allreduce_plan<T, Q, Red, X> plan{make_transport(), max_count, opts};
   CHECK_MSG(plan.native_below_bytes() == native_below_bytes, std::string(name) + ": threshold not kept as given");
   gpu_test::dev_buf<T> d(max_count);
   int call = 0;
@@ -177,6 +228,7 @@ void check_plan(const char* name, std::size_t max_count, std::initializer_list<s
   }
 }
 
+#if !CGX_TEST_FORK
 /// The example of docs/device.md (quoted verbatim: test doc_snippet.device), run and checked.
 void readme_example(float* d_grad, std::size_t n, cudaStream_t stream) {
 // [snippet:device]
@@ -205,12 +257,13 @@ void check_readme_example() {
       got, x, cgx::comm::scatter_reduce_allgather::quantizations(size_));
   CHECK_MSG(bad == 0, ctx("readme example", n, 0) + ": " + std::to_string(bad) + " values outside the error bound");
 }
+#endif
 
 /// The default threshold of a device plan is 64 KiB on every device transport (none
 /// has single_node(): the 16 MiB one-node pick of host plans was measured on host
 /// buffers), also when the plan is given comm::mpi.
 void check_default_threshold() {
-  cgx::device_allreduce_plan<float, cgx::quant::none, R, X> plan{X{MPI_COMM_WORLD}, 16};
+  cgx::device_allreduce_plan<float, cgx::quant::none, R, X> plan{make_transport(), 16};
   CHECK_MSG(plan.native_below_bytes() == cgx::default_native_below_bytes,
             "default threshold of a device plan: " + std::to_string(plan.native_below_bytes()));
 }
@@ -221,7 +274,7 @@ void check_errors() {
   cgx::plan_options opts;
   opts.check = cgx::checking::collective;
   opts.native_below_bytes = 0;
-  cgx::device_allreduce_plan<float, Q, R, X> plan{X{MPI_COMM_WORLD}, 4096, opts};
+  cgx::device_allreduce_plan<float, Q, R, X> plan{make_transport(), 4096, opts};
   std::vector<float> host(4096, 1.0f);
   // Rank 0 passes a host pointer; every rank must throw.
   gpu_test::dev_buf<float> d(4096);
@@ -243,33 +296,17 @@ void check_errors() {
   CHECK_MSG(std::all_of(host.begin(), host.end(), [](float v) { return v == 1.0f; }), "host buffer was touched");
 }
 
-}  // namespace
 
-int main(int argc, char** argv) {
-  // Decide about the device before MPI starts: every rank of a node sees the same.
-  const std::string name = std::string("test_device_allreduce (") + transport_name + ")";
-  const int devices = gpu_test::device_count(name.c_str());
-  if (devices == 0) return 77;
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-  MPI_Comm_size(MPI_COMM_WORLD, &size_);
-#if CGX_TEST_TRANSPORT == 3
-  if (devices < size_) {
-    if (rank_ == 0)
-      std::printf("test_device_allreduce (nccl): %d ranks but %d GPU(s); NCCL needs one GPU per rank: skipped\n", size_,
-                  devices);
-    MPI_Finalize();
-    return 77;
-  }
-#endif
+/// Everything after the ranks exist and chose their GPU: the checks, then the totals.
+/// Returns the rank's exit code (0 when every check on every rank passed).
+int run_checks(int devices) {
   CUDA_OK(cudaSetDevice(rank_ % devices));
   CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (rank_ == 0) {
     cudaDeviceProp prop{};
     CUDA_OK(cudaGetDeviceProperties(&prop, rank_ % devices));
-    std::printf("test_device_allreduce (%s): %d ranks on %d GPU(s), %s (sm_%d%d)\n", transport_name, size_, devices,
-                prop.name, prop.major, prop.minor);
+    std::printf("test_device_allreduce (%s%s): %d ranks on %d GPU(s), %s (sm_%d%d)\n", transport_name,
+                CGX_TEST_FORK ? ", forked, no MPI" : "", size_, devices, prop.name, prop.major, prop.minor);
   }
 
   try {
@@ -299,17 +336,77 @@ int main(int argc, char** argv) {
     check_plan<float, cgx::quant::none, ring>("ring float none", 100000, {100000, 999, 100000}, true);
     check_errors();
     check_default_threshold();
+#if !CGX_TEST_FORK
     check_readme_example();
+#endif
   } catch (const std::exception& ex) {
     CHECK_MSG(false, std::string("exception: ") + ex.what());
   }
 
   CUDA_OK(cudaStreamDestroy(stream_));
   int counts[2] = {gpu_test::failures, gpu_test::checks};
-  int total[2] = {0, 0};
-  MPI_Allreduce(counts, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  sum_all(counts);
   if (rank_ == 0) std::printf("test_device_allreduce (%s): %d checks on all ranks, %d failed\n", transport_name,
-                              total[1], total[0]);
-  MPI_Finalize();
-  return total[0] == 0 && total[1] > 0 ? 0 : 1;
+                              counts[1], counts[0]);
+  return counts[0] == 0 && counts[1] > 0 ? 0 : 1;
 }
+
+}  // namespace
+
+#if CGX_TEST_FORK
+int main(int argc, char** argv) {
+  std::vector<int> nps = {2, 3, 4};
+  if (argc > 1) nps = {std::atoi(argv[1])};
+  int result = 0;
+  for (int np : nps) {
+    if (np < 1) {
+      std::printf("usage: %s [NP >= 1]\n", argv[0]);
+      return 2;
+    }
+    // Bootstrap waits are bounded (a dead rank fails the others at once, a hung one
+    // within a minute); the whole run is killed after 280 s (CTest allows 300).
+    const auto res = cgx::comm::run_forked(
+        np,
+        [](cgx::comm::socket_bootstrap& b) {
+          boot_ = &b;
+          rank_ = b.rank();
+          size_ = b.size();
+          // In the rank, not in the supervisor: CUDA is first touched after the fork.
+          const int devices = gpu_test::device_count("test_device_allreduce (cuda_ipc, forked)");
+          if (devices == 0) return 77;
+          return run_checks(devices);
+        },
+        cgx::comm::fork_options{std::chrono::seconds(60), std::chrono::seconds(280)});
+    std::printf("test_device_allreduce (cuda_ipc, forked) np%d: exit codes", np);
+    for (int c : res.codes) std::printf(" %d", c);
+    std::printf("\n");
+    const int code = res.code();
+    if (code == 77 && nps.size() > 1) return 77;  // no device: every rank skipped
+    if (code != 0 && result == 0) result = code;
+  }
+  return result;
+}
+#else
+int main(int argc, char** argv) {
+  // Decide about the device before MPI starts: every rank of a node sees the same.
+  const std::string name = std::string("test_device_allreduce (") + transport_name + ")";
+  const int devices = gpu_test::device_count(name.c_str());
+  if (devices == 0) return 77;
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+#if CGX_TEST_TRANSPORT == 3
+  if (devices < size_) {
+    if (rank_ == 0)
+      std::printf("test_device_allreduce (nccl): %d ranks but %d GPU(s); NCCL needs one GPU per rank: skipped\n", size_,
+                  devices);
+    MPI_Finalize();
+    return 77;
+  }
+#endif
+  const int rc = run_checks(devices);
+  MPI_Finalize();
+  return rc;
+}
+#endif
