@@ -107,7 +107,7 @@ struct plan_options {
   /// corrupted on the way throws cgx::error(errc::corrupt) on every rank instead of
   /// decoding into wrong values. Every rank must set the same value (else
   /// errc::mismatch). Costs a pass over each payload on either side (the SSE 4.2 crc32
-  /// instruction where the CPU has it: several GB/s; measured in bench/README.md).
+  /// instruction where the CPU has it: several GB/s; cost: docs/results/README.md).
   /// Transports: comm::mpi, comm::shm; others refuse it (errc::invalid_argument).
   bool verify = false;
 };
