@@ -123,8 +123,10 @@ void check_error_bound(const std::vector<T>& x) {
     const auto [lo, hi] = std::minmax_element(x.begin() + static_cast<std::ptrdiff_t>(b * B), x.begin() + static_cast<std::ptrdiff_t>(e));
     const double unit = (static_cast<double>(*hi) - static_cast<double>(*lo)) / L;
     const double mag = std::max(std::fabs(static_cast<double>(*lo)), std::fabs(static_cast<double>(*hi)));
-    // Rounding of the stored unit and of the decode: a few ulp of the bucket's magnitude.
-    const double slack = 8 * std::numeric_limits<M>::epsilon() * mag + 256 * std::numeric_limits<M>::denorm_min();
+    // Rounding of the stored unit and of the decode: a few ulp of the bucket's magnitude,
+    // and at most one step of the type's grid at the bottom (denorm_min), far below the
+    // subnormal test ranges (a 4-bit unit of 200 subnormal steps is 13 of them).
+    const double slack = 8 * std::numeric_limits<M>::epsilon() * mag + std::numeric_limits<M>::denorm_min();
     const double bound = std::is_same_v<typename Q::rounding, nearest> ? unit / 2 : unit;
     for (std::size_t i = b * B; i < e; ++i) {
       const double err = std::fabs(static_cast<double>(y[i]) - static_cast<double>(x[i]));
@@ -314,12 +316,23 @@ TEST_CASE("maxmin: subnormal ranges") {
   check_error_bound<float, maxmin<4, 1024, nearest>>(x);
   check_error_bound<float, maxmin<8, 1024, stochastic>>(x);
   check_error_bound<float, maxmin<2, 1024, stochastic>>(x);
+  // Fewer subnormal steps than codes: (max - min) / L underflows to 0, and the unit is
+  // the smallest subnormal (every value then decodes exactly; before, all decoded to min).
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = tiny * static_cast<float>(i % 50);
+  check_error_bound<float, maxmin<8, 1024, nearest>>(x);
+  check_error_bound<float, maxmin<8, 1024, stochastic>>(x);
+  check_error_bound<float, maxmin<7, 1024, nearest>>(x);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = -tiny * static_cast<float>(i % 3);
+  check_error_bound<float, maxmin<4, 1024, nearest>>(x);
   // Subnormal values riding on a normal offset.
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = 1e-38f + tiny * static_cast<float>(i % 13);
   check_error_bound<float, maxmin<4, 1024, nearest>>(x);
   std::vector<double> xd(600);
   for (std::size_t i = 0; i < xd.size(); ++i) xd[i] = std::numeric_limits<double>::denorm_min() * static_cast<double>(i % 300);
   check_error_bound<double, maxmin<5, 512, nearest>>(xd);
+  for (std::size_t i = 0; i < xd.size(); ++i) xd[i] = std::numeric_limits<double>::denorm_min() * static_cast<double>(i % 20);
+  check_error_bound<double, maxmin<6, 512, nearest>>(xd);
+  check_error_bound<double, maxmin<8, 512, stochastic>>(xd);
 }
 
 TEST_CASE("maxmin: n = 0 and partial last buckets") {

@@ -182,6 +182,16 @@ CGX_HOST_DEVICE constexpr Meta largest() {
     return 3.40282347e+38f;
   }
 }
+/// The smallest positive (subnormal) Meta: every difference of two finite Meta values is
+/// a whole multiple of it.
+template <class Meta>
+CGX_HOST_DEVICE constexpr Meta smallest_subnormal() {
+  if constexpr (std::is_same_v<Meta, double>) {
+    return 0x1p-1074;
+  } else {
+    return 0x1p-149f;
+  }
+}
 /// The Meta whose bit pattern is `d` (double) or `f` (float).
 template <class Meta>
 CGX_HOST_DEVICE inline Meta from_bits(std::uint64_t d, std::uint32_t f) {
@@ -422,6 +432,12 @@ CGX_HOST_DEVICE inline bucket_params<Meta> make_bucket_params(Meta mn, Meta mx, 
       if (!detail::is_finite(unit)) unit = big;
     }
   }
+  // A range of fewer than L subnormal steps (max - min < L * smallest_subnormal / 2):
+  // (max - min) / L rounds to 0, and every value would decode to min (an error of up to
+  // the whole range). The smallest subnormal is then the unit: max - min and every
+  // x - min are whole multiples of it, below L, so the codes are exact and so is the
+  // decode (min + code * unit).
+  if (detail::is_zero(unit) && !detail::is_zero(detail::sub_rn(mx, mn))) unit = detail::smallest_subnormal<Meta>();
   p.unit = unit;
   p.scaled = false;
   p.wide = !detail::is_finite(detail::sub_rn(mx, mn)) || is_wide<Bits, Meta>(mn, unit);
