@@ -4,10 +4,10 @@
 // and size, in the same order per pair), no two compressions of the same values share a
 // random stream, positions are the values' indices, every finished sum is compressed
 // exactly once, bytes sent from the workspace were put there first, and the workspace
-// holds every message. And the executors of comm/ (SRA both forms, ring, tree,
-// uncompressed), run rank by rank over a recording transport and codec, post exactly the
-// messages (order, peer, size, workspace offset) and compressions (values, stream,
-// position, offset) their descriptions list; hierarchical likewise for its own messages
+// holds every message (SRA: in the slots its form uses). And the executors of comm/
+// (SRA both forms, ring, tree, uncompressed), run rank by rank over a recording
+// transport and codec, post exactly the messages (order, peer, size, workspace offset)
+// and compressions (values, stream, position, offset) their descriptions list; hierarchical likewise for its own messages
 // (node, cross, back, share) on N x L layouts.
 #include <doctest/doctest.h>
 
@@ -179,8 +179,11 @@ TEST_CASE("schedule::sra: coverage, matching messages, keys, workspace, both for
   for_each_case([](const codec& q, int p, std::size_t n) {
     const auto pipe = sc::sra::pipelined(n, p, q.granule, 4, q.bytes);
     const auto two = sc::sra::two_phase(n, p, q.granule, 4, q.bytes);
-    for (const sc::sra& d : {pipe, two}) {
-      const world w(p, n, sc::sra::slots(p) * d.slot, [&](int r, auto f) { d.messages(r, f); },
+    const auto whole = sc::sra::whole(n, p, q.granule, q.bytes);
+    for (const sc::sra& d : {pipe, two, whole}) {
+      // Every message and compression lies in the slots the form says it uses.
+      CHECK(d.slots_used() == (d.gather_base == 2 ? sc::sra::slots(p) : 2 * static_cast<std::size_t>(p)));
+      const world w(p, n, d.slots_used() * d.slot, [&](int r, auto f) { d.messages(r, f); },
                     [&](int r, auto f) { d.compressions(r, f); }, [&](int r, auto f) { d.results(r, f); });
       check_common(w);
       check_sums_once(w);
@@ -218,7 +221,12 @@ TEST_CASE("schedule::sra: coverage, matching messages, keys, workspace, both for
     };
     INFO("p=" << p << " n=" << n);
     CHECK(merged(pipe) == merged(two));
+    CHECK(merged(whole) == merged(two));
     CHECK(pipe.slot == two.slot);
+    // The whole form's slot holds the largest whole chunk, and no more.
+    CHECK(whole.K == 1);
+    CHECK(whole.slot == cgx::comm::round_to_line(q.bytes(cgx::comm::largest_chunk(n, p, q.granule))));
+    CHECK(whole.slot <= two.slot);
     if (p > 1 && n * 4 / static_cast<std::size_t>(p) >= (std::size_t{16} << 20)) CHECK(pipe.K == sc::sra::max_pieces);
   });
 }

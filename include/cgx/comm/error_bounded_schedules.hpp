@@ -1,8 +1,9 @@
 #pragma once
 /// \file error_bounded_schedules.hpp
 /// The SRA and ring schedules for a variable-size, error-bounded quantizer
-/// (quant::error_bounded), used by error_bounded_plan. They follow
-/// scatter_reduce_allgather.hpp and ring.hpp step for step, with three differences:
+/// (quant::error_bounded), used by error_bounded_plan. They run the descriptions
+/// schedule::sra (its `whole` form) and schedule::ring, as scatter_reduce_allgather.hpp
+/// and ring.hpp do, with three differences:
 /// messages carry their length first (comm/varsize.hpp), partial sums are accumulated
 /// in double, and every quantization is given the same absolute bound e.
 ///
@@ -55,6 +56,7 @@
 #include "varsize.hpp"
 #include "../detail/tags.hpp"
 #include "../schedule/ring.hpp"
+#include "../schedule/sra.hpp"
 
 namespace cgx::comm {
 
@@ -71,11 +73,7 @@ struct error_bounded_traffic {
 };
 
 namespace detail {
-/// Largest compressed chunk and the double accumulator of a schedule, in bytes.
-template <class Q>
-std::size_t eb_slot_bytes(std::size_t n, int p) {
-  return round_to_line(Q::template max_compressed_bytes<double>(largest_chunk(n, p, granule_of<Q>)));
-}
+/// The double accumulator of a schedule (one chunk), in bytes.
 template <class Q>
 std::size_t eb_acc_bytes(std::size_t n, int p) {
   return round_to_line(largest_chunk(n, p, granule_of<Q>) * sizeof(double));
@@ -115,7 +113,9 @@ struct eb_corruption {
 };
 }  // namespace detail
 
-/// SRA with variable-size messages (see the file comment).
+/// SRA with variable-size messages (see the file comment). Chunks, peers, the order of
+/// sums and workspace slots: schedule::sra::whole, sized for the worst-case compressed
+/// chunk. It has no random keys: error_bounded rounds deterministically.
 template <>
 struct error_bounded_schedule<scatter_reduce_allgather> {
   static constexpr bool supported = true;  ///< R has an error-bounded schedule
@@ -126,12 +126,13 @@ struct error_bounded_schedule<scatter_reduce_allgather> {
   template <class T, class Q, class X>
   class schedule {
    public:
-    /// 2 p compressed slots and a double accumulator for one chunk.
+    /// schedule::sra::whole's workspace (p send and p receive slots, each holding the
+    /// largest compressed chunk), then a double accumulator for one chunk.
     /// Throws cgx::error(errc::invalid_argument) if that size does not fit (detail/checked.hpp).
     static std::size_t workspace_bytes(std::size_t n, int p) {
       cgx::detail::check_raw_bytes(n, sizeof(double));
-      return cgx::detail::checked_add(cgx::detail::checked_mul(2 * static_cast<std::size_t>(p), detail::eb_slot_bytes<Q>(n, p)),
-                                 detail::eb_acc_bytes<Q>(n, p));
+      const description d = describe(n, p);
+      return cgx::detail::checked_add(cgx::detail::checked_mul(d.slots_used(), d.slot), detail::eb_acc_bytes<Q>(n, p));
     }
     /// The values of n that rank r of p owns (its chunk: bucket-aligned, balanced).
     static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule_of<Q>); }
@@ -145,48 +146,51 @@ struct error_bounded_schedule<scatter_reduce_allgather> {
       const int me = x.rank();
       error_bounded_traffic t;
       if (p == 1 || n == 0) return t;
-      const std::size_t slot = detail::eb_slot_bytes<Q>(n, p);
-      auto sslot = [&](int r) { return ws + static_cast<std::size_t>(r) * slot; };
-      auto rslot = [&](int r) { return ws + static_cast<std::size_t>(p + r) * slot; };
-      auto* acc = reinterpret_cast<double*>(ws + 2 * static_cast<std::size_t>(p) * slot);
-      const chunk mine = chunk_of(n, p, me);
+      const description d = describe(n, p);
+      auto* acc = reinterpret_cast<double*>(ws + d.slots_used() * d.slot);
+      const chunk mine = d.chunk_of(me);
       detail::eb_corruption bad;
       vx_.reset_sent();
 
       // 1. Scatter-reduce: each contribution within e of the input, summed in double.
-      for (int r = 0; r < p; ++r) {
-        if (r == me) continue;
-        const chunk c = chunk_of(n, p, r);
-        if (mine.count != 0) vx_.post_recv(x, rslot(r), slot, r, tag_scatter);
+      for (int s = 1; s < p; ++s) {
+        const int from = d.from(me, s);
+        const int to = d.to(me, s);
+        const chunk c = d.chunk_of(to);
+        if (mine.count != 0) vx_.post_recv(x, ws + d.recv_slot(from), d.slot, from, tag_scatter);
         if (c.count == 0) continue;
-        const std::size_t len = Q::template compress<T, double>(buf + c.begin, c.count, sslot(r), e);
-        vx_.post_send(x, sslot(r), len, r, tag_scatter);
+        const std::size_t len = Q::template compress<T, double>(buf + c.begin, c.count, ws + d.send_slot(to), e);
+        vx_.post_send(x, ws + d.send_slot(to), len, to, tag_scatter);
         t.raw += c.count * sizeof(T);
       }
       vx_.wait(x);
       std::size_t mine_len = 0;
+      std::byte* sum = ws + d.send_slot(me);
       if (mine.count != 0) {
         for (std::size_t i = 0; i < mine.count; ++i) acc[i] = static_cast<double>(buf[mine.begin + i]);
-        for (int r = 0; r < p; ++r)
-          if (r != me) bad.note(detail::eb_decode<Q, true>(rslot(r), vx_.received(r), mine.count, acc), r);
+        for (int i = 0; i + 1 < p; ++i) {
+          const int r = description::addend(me, i);
+          bad.note(detail::eb_decode<Q, true>(ws + d.recv_slot(r), vx_.received(r), mine.count, acc), r);
+        }
         // 2. The sum is quantized once, checked as decoded to T; the owner keeps the decoded bytes.
-        mine_len = Q::template compress<double, T>(acc, mine.count, sslot(me), e);
-        Q::template decompress<T>(sslot(me), mine_len, mine.count, buf + mine.begin);
+        mine_len = Q::template compress<double, T>(acc, mine.count, sum, e);
+        Q::template decompress<T>(sum, mine_len, mine.count, buf + mine.begin);
       }
 
-      // 3. Allgather of the compressed sums.
-      for (int r = 0; r < p; ++r) {
-        if (r == me) continue;
-        if (chunk_of(n, p, r).count != 0) vx_.post_recv(x, rslot(r), slot, r, tag_gather);
+      // 3. Allgather of the compressed sums, received into the receive slots.
+      for (int s = 1; s < p; ++s) {
+        const int from = d.from(me, s);
+        if (d.chunk_of(from).count != 0) vx_.post_recv(x, ws + d.gather_slot(from), d.slot, from, tag_gather);
         if (mine.count != 0) {
-          vx_.post_send(x, sslot(me), mine_len, r, tag_gather);
+          vx_.post_send(x, sum, mine_len, d.to(me, s), tag_gather);
           t.raw += mine.count * sizeof(T);
         }
       }
       vx_.wait(x);
-      for (int r = 0; r < p; ++r) {
-        const chunk c = chunk_of(n, p, r);
-        if (r != me && c.count != 0) bad.note(detail::eb_decode<Q, false>(rslot(r), vx_.received(r), c.count, buf + c.begin), r);
+      for (int s = 1; s < p; ++s) {
+        const int o = d.from(me, s);
+        const chunk c = d.chunk_of(o);
+        if (c.count != 0) bad.note(detail::eb_decode<Q, false>(ws + d.gather_slot(o), vx_.received(o), c.count, buf + c.begin), o);
       }
       t.sent = vx_.sent();
       bad.raise(me);
@@ -194,6 +198,12 @@ struct error_bounded_schedule<scatter_reduce_allgather> {
     }
 
    private:
+    using description = ::cgx::schedule::sra;
+    /// schedule::sra::whole with the worst-case compressed size as its size function: its
+    /// slots are this layout's; the messages carry their real lengths (varsize_exchange).
+    static description describe(std::size_t n, int p) {
+      return description::whole(n, p, granule_of<Q>, &Q::template max_compressed_bytes<double>);
+    }
     static constexpr int tag_scatter = cgx::detail::tag_value(cgx::detail::tag::eb_sra_scatter_head);  // + 1: payloads
     static constexpr int tag_gather = cgx::detail::tag_value(cgx::detail::tag::eb_sra_gather_head);    // + 1: payloads
     varsize_exchange<X> vx_;

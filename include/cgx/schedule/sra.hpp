@@ -17,7 +17,9 @@
 ///    gather slot o (2p + o pipelined, p + o two-phase: the receive slots again) and
 ///    decodes the others' sums in the order o = r - s (s = 1..p-1).
 /// Positions depend on the values only, not on K, so the pipelined and the two-phase
-/// forms draw the same random bits and give the same bits.
+/// forms draw the same random bits and give the same bits. A third form, `whole`, is the
+/// two-phase one with slots sized for whole chunks only (the error-bounded SRA of
+/// comm/error_bounded_schedules.hpp, which uses the first slots_used() slots).
 
 #include <algorithm>
 #include <cstddef>
@@ -78,8 +80,19 @@ struct sra {
     return {n, p, granule, 1, 1, bytes, slot_bytes(n, p, granule, value_size, bytes)};
   }
 
+  /// One piece per chunk, the allgather receiving into the receive slots, each slot
+  /// sized for the largest whole chunk only (no pipelined form shares this workspace):
+  /// the error-bounded SRA, whose `bytes` is the worst-case compressed size and whose
+  /// messages carry their real lengths.
+  static constexpr sra whole(std::size_t n, int p, std::size_t granule, size_fn bytes) {
+    return {n, p, granule, 1, 1, bytes, comm::round_to_line(largest_compressed(n, p, granule, bytes))};
+  }
+
   /// Workspace slots: p send, p receive, p gather.
   static constexpr std::size_t slots(int p) { return 3 * static_cast<std::size_t>(p); }
+  /// Workspace slots this form uses: p send and p receive, then p gather slots unless the
+  /// allgather receives into the receive slots (gather_base 1); slots(p) when pipelined.
+  constexpr std::size_t slots_used() const { return static_cast<std::size_t>(gather_base + 1) * static_cast<std::size_t>(p); }
 
   /// The values rank o owns.
   constexpr chunk chunk_of(int o) const { return comm::chunk_of(n, p, o, granule); }
