@@ -8,7 +8,8 @@
 // (SRA both forms, ring, tree, uncompressed), run rank by rank over a recording
 // transport and codec, post exactly the messages (order, peer, size, workspace offset)
 // and compressions (values, stream, position, offset) their descriptions list; hierarchical likewise for its own messages
-// (node, cross, back, share) on N x L layouts.
+// (node, cross, back, share) on N x L layouts. SRA's cut-free part (sra_pattern) alone
+// too, and with layerwise_plan's keys over a layer-wise cut.
 #include <doctest/doctest.h>
 
 #include <cgx/comm/hierarchical.hpp>
@@ -16,6 +17,7 @@
 #include <cgx/comm/scatter_reduce_allgather.hpp>
 #include <cgx/comm/tree.hpp>
 #include <cgx/comm/uncompressed.hpp>
+#include <cgx/layerwise.hpp>
 #include <cgx/schedule/direct_reduce_scatter.hpp>
 #include <cgx/schedule/hierarchical.hpp>
 #include <cgx/schedule/ring.hpp>
@@ -229,6 +231,73 @@ TEST_CASE("schedule::sra: coverage, matching messages, keys, workspace, both for
     CHECK(whole.slot <= two.slot);
     if (p > 1 && n * 4 / static_cast<std::size_t>(p) >= (std::size_t{16} << 20)) CHECK(pipe.K == sc::sra::max_pieces);
   });
+}
+
+TEST_CASE("schedule::sra_pattern: peers pair up, slots apart, keys apart; over a layer-wise cut") {
+  for (int p = 1; p <= 8; ++p)
+    for (int gather_base : {1, 2}) {
+      const sc::sra_pattern d{p, gather_base, 192};
+      INFO("p=" << p << " gather_base=" << gather_base);
+      for (int r = 0; r < p; ++r) {
+        std::vector<int> tos, froms, adds, others;
+        for (int q = 0; q < p; ++q)
+          if (q != r) others.push_back(q);
+        for (int s = 1; s < p; ++s) {
+          tos.push_back(d.to(r, s));
+          froms.push_back(d.from(r, s));
+          CHECK(d.from(d.to(r, s), s) == r);  // whom r sends to at step s takes r's at step s
+        }
+        for (int i = 0; i + 1 < p; ++i) adds.push_back(d.addend(r, i));
+        CHECK(adds == others);  // the others, in rank order
+        std::sort(tos.begin(), tos.end());
+        std::sort(froms.begin(), froms.end());
+        CHECK(tos == others);
+        CHECK(froms == others);
+      }
+      // Send and receive slots apart; gather slots apart from the send slots (the
+      // receive slots again when gather_base is 1); all within slots_used().
+      std::vector<chunk> scatter, gather;
+      for (int r = 0; r < p; ++r) {
+        scatter.push_back({d.send_slot(r), d.slot});
+        scatter.push_back({d.recv_slot(r), d.slot});
+        gather.push_back({d.send_slot(r), d.slot});
+        gather.push_back({d.gather_slot(r), d.slot});
+        CHECK(d.gather_slot(r) + d.slot <= d.slots_used() * d.slot);
+        if (gather_base == 1) CHECK(d.gather_slot(r) == d.recv_slot(r));
+      }
+      CHECK(disjoint(scatter));
+      CHECK(disjoint(gather));
+    }
+  // layerwise_plan's keys over layerwise.hpp's cut (layers with gaps, mixed settings):
+  // per stream the compressed pieces are disjoint, positions are the pieces' first
+  // values, every layer value is summed once, and every chunk fits a slot.
+  const std::vector<cgx::layer> layers{{0, 3000}, {3000, 10}, {3100, 70001}, {80000, 0}, {80000, 5000}, {90000, 1}};
+  const std::vector<cgx::layer_setting> settings{{4, 1024}, {0, 1024}, {2, 128}, {8, 512}, {1, 512}, {3, 1024}};
+  for (int p = 1; p <= 8; ++p) {
+    INFO("p=" << p);
+    cgx::layerwise_layout cut(100000, layers);
+    cut.cut(settings, p, &cgx::setting_bytes<float>);
+    const sc::sra_pattern d{p, 1, cut.slot_bytes()};
+    std::map<std::uint32_t, std::vector<chunk>> by_stream;
+    std::vector<chunk> sums;
+    for (int o = 0; o < p; ++o) {
+      CHECK(cut.chunk_bytes(o) <= d.slot);
+      for (const auto& pc : cut.pieces(o)) {
+        const chunk v{pc.begin, pc.count};
+        for (int r = 0; r < p; ++r) {
+          const sc::key k = r == o ? d.sum_key(o, v) : sc::sra_pattern::contribution_key(r, v);
+          CHECK(k.position == pc.begin);
+          by_stream[k.stream].push_back(v);
+          if (r == o) sums.push_back(v);
+        }
+      }
+    }
+    for (const auto& e : by_stream) CHECK_MESSAGE(disjoint(e.second), "stream " << e.first << " reused");
+    std::size_t summed = 0;
+    for (const chunk& c : sums) summed += c.count;
+    CHECK(summed == 3000 + 10 + 70001 + 5000 + 1);
+    CHECK(disjoint(sums));
+  }
 }
 
 TEST_CASE("schedule::ring: coverage, matching messages, keys, forwarding") {

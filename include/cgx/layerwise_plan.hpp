@@ -10,9 +10,11 @@
 /// quantizer, into one message; o decodes and adds the p - 1 messages in rank order,
 /// compresses the sum once, decodes it into its own buffer and sends that one message
 /// to every rank. One message per pair of ranks per phase, whatever the number of
-/// layers. Stochastic rounding uses the keys of the SRA: stream = sender rank in phase
-/// 1, p + owner in phase 2, position = the piece's index in the fused buffer, counter =
-/// the call number (with error feedback the encoding is deterministic: error_feedback.hpp).
+/// layers. Peers, workspace slots, the order of sums and the random keys are those of
+/// schedule::sra_pattern (schedule/sra.hpp), run over layerwise.hpp's cut: stream =
+/// sender rank in phase 1, p + owner in phase 2, position = the piece's index in the
+/// fused buffer, counter = the call number (with error feedback the encoding is
+/// deterministic: error_feedback.hpp).
 /// All ranks end with the same bits; the error bound of each value
 /// is the SRA's with its layer's unit (uncompressed layers: the exact sum in rank
 /// order).
@@ -41,6 +43,7 @@
 #include "quant/host_exec.hpp"
 #include "quant/rounding.hpp"
 #include "detail/tags.hpp"
+#include "schedule/sra.hpp"
 
 namespace cgx {
 
@@ -315,10 +318,16 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
     return detail::make_host_codec<T, Rounding>(s);
   }
 
+  /// SRA's pattern over the layer-wise cut (schedule::sra_pattern): one message per
+  /// chunk, p send and p receive slots of `slot` bytes, the allgather receiving into the
+  /// receive slots. The cut itself is layerwise.hpp's: at layer and per-layer bucket
+  /// boundaries, not schedule::sra's single granule.
+  static schedule::sra_pattern pattern(int p, std::size_t slot) { return {p, 1, slot}; }
+
   void reserve(std::size_t slot) {
     const int p = this->x_.size();
     const std::size_t need = detail::sized("layerwise_plan", this->size(), p, [&] {
-      return detail::checked_mul(2 * static_cast<std::size_t>(p), slot);
+      return detail::checked_mul(pattern(p, slot).slots_used(), slot);
     });
     if (need > ws_bytes_) {
       ws_ = detail::allocate_workspace(need, "layerwise_plan", this->size(), p);
@@ -326,11 +335,12 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
     }
     slot_ = slot;
   }
-  /// Compresses the pieces of chunk r of buf into out; with error feedback, through the
-  /// residuals.
-  void compress_chunk(T* buf, int r, std::byte* out, quant::rng_state s, quant::host_exec ex) {
-    for (const auto& pc : this->layout_.pieces(r)) {
-      s.position = pc.begin;
+  /// Compresses rank me's contribution to chunk o of buf into out, piece by piece with
+  /// the pattern's keys; with error feedback, through the residuals.
+  void compress_chunk(T* buf, int o, std::byte* out, const schedule::sra_pattern& d, int me, const quant::rng_state& rng,
+                      quant::host_exec ex) {
+    for (const auto& pc : this->layout_.pieces(o)) {
+      const quant::rng_state s = schedule::keyed(rng, d.contribution_key(me, {pc.begin, pc.count}));
       if (ef_.size())
         ef_quantize(buf, pc, out + pc.offset, s, ex);
       else
@@ -358,40 +368,35 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
     const int p = this->x_.size(), me = this->x_.rank();
     if (p == 1 || this->layout_.size() == 0) return;
     const quant::host_exec ex{this->opts_.threads};
-    std::byte* send = ws_.get();
-    std::byte* recv = send + static_cast<std::size_t>(p) * slot_;
-    auto sslot = [&](int r) { return send + static_cast<std::size_t>(r) * slot_; };
-    auto rslot = [&](int r) { return recv + static_cast<std::size_t>(r) * slot_; };
+    const schedule::sra_pattern d = pattern(p, slot_);
+    std::byte* ws = ws_.get();
     const std::size_t mine_bytes = this->layout_.chunk_bytes(me);
 
     // Phase 1: scatter-reduce, one message per peer.
     this->reqs_.clear();
     if (mine_bytes != 0)
       for (int r = 0; r < p; ++r)
-        if (r != me) this->reqs_.push_back(this->x_.irecv(rslot(r), mine_bytes, r, base::tag_scatter));
-    const std::size_t nrecv = this->reqs_.size();
+        if (r != me) this->reqs_.push_back(this->x_.irecv(ws + d.recv_slot(r), mine_bytes, r, base::tag_scatter));
+    const std::size_t nrecv = this->reqs_.size();  // rank r's part is reqs_[r - (r > me)]
     for (int step = 1; step < p; ++step) {
-      const int r = (me + step) % p;
-      if (this->layout_.chunk_bytes(r) == 0) continue;
-      quant::rng_state s = rng;
-      s.stream = static_cast<std::uint32_t>(me);
-      compress_chunk(buf, r, sslot(r), s, ex);
-      this->reqs_.push_back(this->x_.isend(sslot(r), this->layout_.chunk_bytes(r), r, base::tag_scatter));
+      const int o = d.to(me, step);
+      if (this->layout_.chunk_bytes(o) == 0) continue;
+      compress_chunk(buf, o, ws + d.send_slot(o), d, me, rng, ex);
+      this->reqs_.push_back(this->x_.isend(ws + d.send_slot(o), this->layout_.chunk_bytes(o), o, base::tag_scatter));
     }
+    std::byte* sum = ws + d.send_slot(me);
     if (mine_bytes != 0) {
-      for (int r = 0; r < p; ++r) {
-        if (r == me) continue;
+      for (int i = 0; i + 1 < p; ++i) {
+        const int r = d.addend(me, i);
         this->x_.wait_all(std::span(this->reqs_.data() + (r - (r > me ? 1 : 0)), 1));
         for (const auto& pc : this->layout_.pieces(me))
-          this->codecs_[pc.layer].decompress_add(rslot(r) + pc.offset, pc.count, buf + pc.begin, ex);
+          this->codecs_[pc.layer].decompress_add(ws + d.recv_slot(r) + pc.offset, pc.count, buf + pc.begin, ex);
       }
       // The sum is quantized once; the owner keeps the decoded bytes, like everyone else.
-      quant::rng_state s = rng;
-      s.stream = static_cast<std::uint32_t>(p + me);
       for (const auto& pc : this->layout_.pieces(me)) {
         const auto& c = this->codecs_[pc.layer];
-        s.position = pc.begin;
-        std::byte* o = sslot(me) + pc.offset;
+        const quant::rng_state s = schedule::keyed(rng, d.sum_key(me, {pc.begin, pc.count}));
+        std::byte* o = sum + pc.offset;
         if (ef_.size()) {
           ef_quantize(buf, pc, o, s, ex);
           continue;
@@ -401,16 +406,17 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
       }
     }
 
-    // Phase 2: allgather of the compressed sums.
+    // Phase 2: allgather of the compressed sums, received into the receive slots.
     for (int r = 0; r < p; ++r)
       if (r != me && this->layout_.chunk_bytes(r) != 0)
-        this->reqs_.push_back(this->x_.irecv(rslot(r), this->layout_.chunk_bytes(r), r, base::tag_gather));
+        this->reqs_.push_back(this->x_.irecv(ws + d.gather_slot(r), this->layout_.chunk_bytes(r), r, base::tag_gather));
     if (mine_bytes != 0)
-      for (int step = 1; step < p; ++step) this->reqs_.push_back(this->x_.isend(sslot(me), mine_bytes, (me + step) % p, base::tag_gather));
+      for (int step = 1; step < p; ++step) this->reqs_.push_back(this->x_.isend(sum, mine_bytes, d.to(me, step), base::tag_gather));
     this->x_.wait_all(std::span(this->reqs_.data() + nrecv, this->reqs_.size() - nrecv));
-    for (int r = 0; r < p; ++r) {
-      if (r == me) continue;
-      for (const auto& pc : this->layout_.pieces(r)) this->codecs_[pc.layer].decompress(rslot(r) + pc.offset, pc.count, buf + pc.begin, ex);
+    for (int step = 1; step < p; ++step) {
+      const int o = d.from(me, step);
+      for (const auto& pc : this->layout_.pieces(o))
+        this->codecs_[pc.layer].decompress(ws + d.gather_slot(o) + pc.offset, pc.count, buf + pc.begin, ex);
     }
   }
 

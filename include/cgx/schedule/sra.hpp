@@ -20,6 +20,10 @@
 /// forms draw the same random bits and give the same bits. A third form, `whole`, is the
 /// two-phase one with slots sized for whole chunks only (the error-bounded SRA of
 /// comm/error_bounded_schedules.hpp, which uses the first slots_used() slots).
+///
+/// What does not depend on the cut (peers, slots, keys, order of sums) is
+/// `sra_pattern`, which `sra` extends with its cut; layerwise_plan runs the pattern over
+/// layerwise.hpp's cut (layer and per-layer bucket boundaries, one message per chunk).
 
 #include <algorithm>
 #include <cstddef>
@@ -29,8 +33,42 @@
 
 namespace cgx::schedule {
 
+/// What SRA is whatever the cut of the buffer into p chunks (rank o owns chunk o): the
+/// peers of each step, the workspace slots, the random keys and the order of sums. sra
+/// below cuts n values at one granule; the layer-wise plans (layerwise.hpp) cut at
+/// layer and per-layer bucket boundaries, one message per chunk, and run this pattern
+/// over that cut.
+struct sra_pattern {
+  int p;             ///< ranks
+  int gather_base;   ///< gather slot o is slot gather_base * p + o (1: the receive slots)
+  std::size_t slot;  ///< bytes per workspace slot (cache-line rounded)
+
+  /// Workspace slots this form uses: p send and p receive, then p gather slots unless the
+  /// allgather receives into the receive slots (gather_base 1).
+  constexpr std::size_t slots_used() const { return static_cast<std::size_t>(gather_base + 1) * static_cast<std::size_t>(p); }
+
+  /// Workspace offset of send slot o: my contribution to chunk o, or (o = me) my compressed sum.
+  constexpr std::size_t send_slot(int o) const { return static_cast<std::size_t>(o) * slot; }
+  /// Workspace offset of receive slot r: rank r's part of my chunk.
+  constexpr std::size_t recv_slot(int r) const { return static_cast<std::size_t>(p + r) * slot; }
+  /// Workspace offset of gather slot o: rank o's compressed sum.
+  constexpr std::size_t gather_slot(int o) const { return static_cast<std::size_t>(gather_base * p + o) * slot; }
+
+  /// The peer of step s (1..p-1): where rank r sends (its contribution, then its sum).
+  constexpr int to(int r, int s) const { return (r + s) % p; }
+  /// The owner whose sum rank r decodes at step s (1..p-1) of the gather.
+  constexpr int from(int r, int s) const { return (r + p - s) % p; }
+  /// The i-th part (i = 0..p-2) the owner o adds to its own: the others in rank order.
+  static constexpr int addend(int o, int i) { return rank_order_skipping(o, i); }
+
+  /// Key of rank r's contribution to `values`.
+  static constexpr key contribution_key(int r, const chunk& values) { return {static_cast<std::uint32_t>(r), values.begin}; }
+  /// Key of owner o's sum of `values`.
+  constexpr key sum_key(int o, const chunk& values) const { return {static_cast<std::uint32_t>(p + o), values.begin}; }
+};
+
 /// SRA for n values on p ranks (see the file comment).
-struct sra {
+struct sra : sra_pattern {
   static constexpr int max_pieces = 8;                               ///< most pieces per chunk
   static constexpr std::size_t piece_bytes = std::size_t{1} << 20;   ///< raw input per piece, at least
 
@@ -42,12 +80,9 @@ struct sra {
   };
 
   std::size_t n;             ///< values
-  int p;                     ///< ranks
   std::size_t granule;       ///< chunk and piece boundaries fall on multiples of this
   int K;                     ///< pieces per chunk
-  int gather_base;           ///< gather slot o is slot gather_base * p + o
   size_fn bytes;             ///< compressed size of a count
-  std::size_t slot;          ///< bytes per workspace slot (cache-line rounded)
 
   /// Pieces per chunk of the pipelined form (values of value_size bytes): the largest
   /// chunk's raw bytes over piece_bytes, clamped to [1, max_pieces].
@@ -72,12 +107,12 @@ struct sra {
 
   /// The pipelined form (comm::scatter_reduce_allgather's run).
   static constexpr sra pipelined(std::size_t n, int p, std::size_t granule, std::size_t value_size, size_fn bytes) {
-    return {n, p, granule, pieces(n, p, granule, value_size), 2, bytes, slot_bytes(n, p, granule, value_size, bytes)};
+    return {{p, 2, slot_bytes(n, p, granule, value_size, bytes)}, n, granule, pieces(n, p, granule, value_size), bytes};
   }
   /// The two-phase form (scatter_reduce then allgather): one piece per chunk, the
   /// allgather receiving into the scatter's receive slots.
   static constexpr sra two_phase(std::size_t n, int p, std::size_t granule, std::size_t value_size, size_fn bytes) {
-    return {n, p, granule, 1, 1, bytes, slot_bytes(n, p, granule, value_size, bytes)};
+    return {{p, 1, slot_bytes(n, p, granule, value_size, bytes)}, n, granule, 1, bytes};
   }
 
   /// One piece per chunk, the allgather receiving into the receive slots, each slot
@@ -85,14 +120,11 @@ struct sra {
   /// the error-bounded SRA, whose `bytes` is the worst-case compressed size and whose
   /// messages carry their real lengths.
   static constexpr sra whole(std::size_t n, int p, std::size_t granule, size_fn bytes) {
-    return {n, p, granule, 1, 1, bytes, comm::round_to_line(largest_compressed(n, p, granule, bytes))};
+    return {{p, 1, comm::round_to_line(largest_compressed(n, p, granule, bytes))}, n, granule, 1, bytes};
   }
 
-  /// Workspace slots: p send, p receive, p gather.
+  /// Workspace slots: p send, p receive, p gather (slots_used() of the pipelined form).
   static constexpr std::size_t slots(int p) { return 3 * static_cast<std::size_t>(p); }
-  /// Workspace slots this form uses: p send and p receive, then p gather slots unless the
-  /// allgather receives into the receive slots (gather_base 1); slots(p) when pipelined.
-  constexpr std::size_t slots_used() const { return static_cast<std::size_t>(gather_base + 1) * static_cast<std::size_t>(p); }
 
   /// The values rank o owns.
   constexpr chunk chunk_of(int o) const { return comm::chunk_of(n, p, o, granule); }
@@ -104,25 +136,6 @@ struct sra {
     const chunk v = comm::chunk_of(c.count, K, k, granule);
     return {{c.begin + v.begin, v.count}, off, bytes(v.count)};
   }
-
-  /// Workspace offset of send slot o: my contribution to chunk o, or (o = me) my compressed sum.
-  constexpr std::size_t send_slot(int o) const { return static_cast<std::size_t>(o) * slot; }
-  /// Workspace offset of receive slot r: rank r's part of my chunk.
-  constexpr std::size_t recv_slot(int r) const { return static_cast<std::size_t>(p + r) * slot; }
-  /// Workspace offset of gather slot o: rank o's compressed sum.
-  constexpr std::size_t gather_slot(int o) const { return static_cast<std::size_t>(gather_base * p + o) * slot; }
-
-  /// The peer of step s (1..p-1): where rank r sends (its contribution, then its sum).
-  constexpr int to(int r, int s) const { return (r + s) % p; }
-  /// The owner whose sum rank r decodes at step s (1..p-1) of the gather.
-  constexpr int from(int r, int s) const { return (r + p - s) % p; }
-  /// The i-th part (i = 0..p-2) the owner o adds to its own: the others in rank order.
-  static constexpr int addend(int o, int i) { return rank_order_skipping(o, i); }
-
-  /// Key of rank r's contribution to `values`.
-  static constexpr key contribution_key(int r, const chunk& values) { return {static_cast<std::uint32_t>(r), values.begin}; }
-  /// Key of owner o's sum of `values`.
-  constexpr key sum_key(int o, const chunk& values) const { return {static_cast<std::uint32_t>(p + o), values.begin}; }
 
   /// Rank r's sends and receives, in the order the pipelined executor posts them.
   template <class F>
