@@ -4,9 +4,10 @@
 /// layerwise_plan.hpp on a *device* buffer, with the CUDA kernels of
 /// `cgx::quant::device<Q>` on a caller's `cudaStream_t`.
 ///
-/// The schedule, the cut into chunks, the per-piece quantizers (dispatched once per
-/// settings change, in `with_quantizer`), the random-bit keys and the bytes on the wire
-/// are those of the host plan, except that each piece starts at a 16-byte boundary of
+/// The schedule (schedule::sra_pattern over layerwise.hpp's cut, as the host plan runs
+/// it), the cut into chunks, the per-piece quantizers (dispatched once per settings
+/// change, in `with_quantizer`), the random-bit keys and the bytes on the wire are
+/// those of the host plan, except that each piece starts at a 16-byte boundary of
 /// its message (the device kernels of `none` need aligned input). The compressed bytes
 /// are staged through pinned host memory for the transport (Debian's Open MPI is not
 /// CUDA-aware): device compress -> copy to pinned -> send; receive into pinned -> copy
@@ -31,6 +32,7 @@
 #include "error.hpp"
 #include "layerwise.hpp"
 #include "layerwise_plan.hpp"
+#include "schedule/sra.hpp"
 
 namespace cgx {
 
@@ -111,7 +113,7 @@ class layerwise_device_plan
   }
 
   void reserve(std::size_t slot) {
-    const std::size_t need = 2 * static_cast<std::size_t>(this->x_.size()) * slot;
+    const std::size_t need = base::pattern(this->x_.size(), slot).slots_used() * slot;
     if (need > ws_bytes_) {
       release();
       ok(cudaMalloc(&d_ws_, need), "layerwise_device_plan: cudaMalloc");
@@ -124,11 +126,14 @@ class layerwise_device_plan
   void run(T* buf, const quant::rng_state& rng, cudaStream_t stream) {
     const int p = this->x_.size(), me = this->x_.rank();
     if (p == 1 || this->layout_.size() == 0) return;
-    const auto P = static_cast<std::size_t>(p);
-    auto dsend = [&](int r) { return d_ws_ + static_cast<std::size_t>(r) * slot_; };
-    auto drecv = [&](int r) { return d_ws_ + (P + static_cast<std::size_t>(r)) * slot_; };
-    auto hsend = [&](int r) { return h_ws_ + static_cast<std::size_t>(r) * slot_; };
-    auto hrecv = [&](int r) { return h_ws_ + (P + static_cast<std::size_t>(r)) * slot_; };
+    // The host plan's pattern; the device and the pinned workspace share its slots.
+    const schedule::sra_pattern d = base::pattern(p, slot_);
+    auto dsend = [&](int o) { return d_ws_ + d.send_slot(o); };
+    auto drecv = [&](int r) { return d_ws_ + d.recv_slot(r); };
+    auto dgather = [&](int o) { return d_ws_ + d.gather_slot(o); };
+    auto hsend = [&](int o) { return h_ws_ + d.send_slot(o); };
+    auto hrecv = [&](int r) { return h_ws_ + d.recv_slot(r); };
+    auto hgather = [&](int o) { return h_ws_ + d.gather_slot(o); };
     auto to_host = [&](std::byte* h, const std::byte* d, std::size_t b) {
       ok(cudaMemcpyAsync(h, d, b, cudaMemcpyDeviceToHost, stream), "layerwise_device_plan: cudaMemcpyAsync D2H");
     };
@@ -145,34 +150,31 @@ class layerwise_device_plan
     if (mine_bytes != 0)
       for (int r = 0; r < p; ++r)
         if (r != me) reqs.push_back(this->x_.irecv(hrecv(r), mine_bytes, r, base::tag_scatter));
-    const std::size_t nrecv = reqs.size();
-    quant::rng_state s = rng;
-    s.stream = static_cast<std::uint32_t>(me);
+    const std::size_t nrecv = reqs.size();  // rank r's part is reqs[r - (r > me)]
     for (int step = 1; step < p; ++step) {
-      const int r = (me + step) % p;
-      for (const auto& pc : lay.pieces(r)) {
-        s.position = pc.begin;
-        this->codecs_[pc.layer].compress(buf + pc.begin, pc.count, dsend(r) + pc.offset, s, stream, nullptr);
+      const int o = d.to(me, step);
+      for (const auto& pc : lay.pieces(o)) {
+        const quant::rng_state s = schedule::keyed(rng, d.contribution_key(me, comm::chunk{pc.begin, pc.count}));
+        this->codecs_[pc.layer].compress(buf + pc.begin, pc.count, dsend(o) + pc.offset, s, stream, nullptr);
       }
-      if (lay.chunk_bytes(r) != 0) to_host(hsend(r), dsend(r), lay.chunk_bytes(r));
+      if (lay.chunk_bytes(o) != 0) to_host(hsend(o), dsend(o), lay.chunk_bytes(o));
     }
     sync();
     for (int step = 1; step < p; ++step) {
-      const int r = (me + step) % p;
-      if (lay.chunk_bytes(r) != 0) reqs.push_back(this->x_.isend(hsend(r), lay.chunk_bytes(r), r, base::tag_scatter));
+      const int o = d.to(me, step);
+      if (lay.chunk_bytes(o) != 0) reqs.push_back(this->x_.isend(hsend(o), lay.chunk_bytes(o), o, base::tag_scatter));
     }
     if (mine_bytes != 0) {
-      for (int r = 0; r < p; ++r) {  // in rank order, each part once it has arrived
-        if (r == me) continue;
+      for (int i = 0; i + 1 < p; ++i) {  // in the pattern's order, each part once it has arrived
+        const int r = d.addend(me, i);
         this->x_.wait_all(std::span(reqs.data() + (r - (r > me ? 1 : 0)), 1));
         to_device(drecv(r), hrecv(r), mine_bytes);
         for (const auto& pc : lay.pieces(me))
           this->codecs_[pc.layer].decompress_add(drecv(r) + pc.offset, pc.count, buf + pc.begin, stream);
       }
-      s.stream = static_cast<std::uint32_t>(p + me);
       for (const auto& pc : lay.pieces(me)) {
         const auto& c = this->codecs_[pc.layer];
-        s.position = pc.begin;
+        const quant::rng_state s = schedule::keyed(rng, d.sum_key(me, comm::chunk{pc.begin, pc.count}));
         c.compress(buf + pc.begin, pc.count, dsend(me) + pc.offset, s, stream, nullptr);
         if (!c.lossless) c.decompress(dsend(me) + pc.offset, pc.count, buf + pc.begin, stream);
       }
@@ -180,18 +182,20 @@ class layerwise_device_plan
       sync();  // also: the receive buffers' copies to the device are done before phase 2 reuses them
     }
 
-    // Phase 2: allgather of the compressed sums.
+    // Phase 2: allgather of the compressed sums, received into the receive slots.
     for (int r = 0; r < p; ++r)
       if (r != me && lay.chunk_bytes(r) != 0)
-        reqs.push_back(this->x_.irecv(hrecv(r), lay.chunk_bytes(r), r, base::tag_gather));
+        reqs.push_back(this->x_.irecv(hgather(r), lay.chunk_bytes(r), r, base::tag_gather));
     if (mine_bytes != 0)
-      for (int step = 1; step < p; ++step) reqs.push_back(this->x_.isend(hsend(me), mine_bytes, (me + step) % p, base::tag_gather));
+      for (int step = 1; step < p; ++step)
+        reqs.push_back(this->x_.isend(hsend(me), mine_bytes, d.to(me, step), base::tag_gather));
     this->x_.wait_all(std::span(reqs.data() + nrecv, reqs.size() - nrecv));
-    for (int r = 0; r < p; ++r) {
-      if (r == me || lay.chunk_bytes(r) == 0) continue;
-      to_device(drecv(r), hrecv(r), lay.chunk_bytes(r));
-      for (const auto& pc : lay.pieces(r))
-        this->codecs_[pc.layer].decompress(drecv(r) + pc.offset, pc.count, buf + pc.begin, stream);
+    for (int step = 1; step < p; ++step) {
+      const int o = d.from(me, step);
+      if (lay.chunk_bytes(o) == 0) continue;
+      to_device(dgather(o), hgather(o), lay.chunk_bytes(o));
+      for (const auto& pc : lay.pieces(o))
+        this->codecs_[pc.layer].decompress(dgather(o) + pc.offset, pc.count, buf + pc.begin, stream);
     }
     sync();
   }

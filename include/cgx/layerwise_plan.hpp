@@ -181,6 +181,12 @@ class layerwise_base {
   static constexpr int tag_scatter = cgx::detail::tag_value(cgx::detail::tag::layerwise_scatter);
   static constexpr int tag_gather = cgx::detail::tag_value(cgx::detail::tag::layerwise_gather);
 
+  /// SRA's pattern over the layer-wise cut (schedule::sra_pattern), for both plans: one
+  /// message per chunk, p send and p receive slots of `slot` bytes, the allgather
+  /// receiving into the receive slots. The cut itself is layerwise.hpp's: at layer and
+  /// per-layer bucket boundaries, not schedule::sra's single granule.
+  static schedule::sra_pattern pattern(int p, std::size_t slot) { return {p, 1, slot}; }
+
   layerwise_base(X transport, std::size_t n, std::vector<layer> layers, layerwise_options opts)
       : x_(std::move(transport)), layout_(n, std::move(layers)), opts_(opts) {
     if (opts_.threads < 1) throw error(errc::invalid_argument, "layerwise_plan: threads must be >= 1");
@@ -318,16 +324,10 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
     return detail::make_host_codec<T, Rounding>(s);
   }
 
-  /// SRA's pattern over the layer-wise cut (schedule::sra_pattern): one message per
-  /// chunk, p send and p receive slots of `slot` bytes, the allgather receiving into the
-  /// receive slots. The cut itself is layerwise.hpp's: at layer and per-layer bucket
-  /// boundaries, not schedule::sra's single granule.
-  static schedule::sra_pattern pattern(int p, std::size_t slot) { return {p, 1, slot}; }
-
   void reserve(std::size_t slot) {
     const int p = this->x_.size();
     const std::size_t need = detail::sized("layerwise_plan", this->size(), p, [&] {
-      return detail::checked_mul(pattern(p, slot).slots_used(), slot);
+      return detail::checked_mul(base::pattern(p, slot).slots_used(), slot);
     });
     if (need > ws_bytes_) {
       ws_ = detail::allocate_workspace(need, "layerwise_plan", this->size(), p);
@@ -340,7 +340,7 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
   void compress_chunk(T* buf, int o, std::byte* out, const schedule::sra_pattern& d, int me, const quant::rng_state& rng,
                       quant::host_exec ex) {
     for (const auto& pc : this->layout_.pieces(o)) {
-      const quant::rng_state s = schedule::keyed(rng, d.contribution_key(me, {pc.begin, pc.count}));
+      const quant::rng_state s = schedule::keyed(rng, d.contribution_key(me, comm::chunk{pc.begin, pc.count}));
       if (ef_.size())
         ef_quantize(buf, pc, out + pc.offset, s, ex);
       else
@@ -368,7 +368,7 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
     const int p = this->x_.size(), me = this->x_.rank();
     if (p == 1 || this->layout_.size() == 0) return;
     const quant::host_exec ex{this->opts_.threads};
-    const schedule::sra_pattern d = pattern(p, slot_);
+    const schedule::sra_pattern d = base::pattern(p, slot_);
     std::byte* ws = ws_.get();
     const std::size_t mine_bytes = this->layout_.chunk_bytes(me);
 
@@ -395,7 +395,7 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
       // The sum is quantized once; the owner keeps the decoded bytes, like everyone else.
       for (const auto& pc : this->layout_.pieces(me)) {
         const auto& c = this->codecs_[pc.layer];
-        const quant::rng_state s = schedule::keyed(rng, d.sum_key(me, {pc.begin, pc.count}));
+        const quant::rng_state s = schedule::keyed(rng, d.sum_key(me, comm::chunk{pc.begin, pc.count}));
         std::byte* o = sum + pc.offset;
         if (ef_.size()) {
           ef_quantize(buf, pc, o, s, ex);
