@@ -182,7 +182,10 @@ TEST_CASE("schedule::sra: coverage, matching messages, keys, workspace, both for
     const auto pipe = sc::sra::pipelined(n, p, q.granule, 4, q.bytes);
     const auto two = sc::sra::two_phase(n, p, q.granule, 4, q.bytes);
     const auto whole = sc::sra::whole(n, p, q.granule, q.bytes);
-    for (const sc::sra& d : {pipe, two, whole}) {
+    // Slots sized for a larger count (comm::device_sra's workspace for max_n = 2 n + 1).
+    const auto whole_in = sc::sra::whole_in(n, p, q.granule, q.bytes, sc::sra::whole(2 * n + 1, p, q.granule, q.bytes).slot);
+    CHECK(whole_in.slot >= whole.slot);
+    for (const sc::sra& d : {pipe, two, whole, whole_in}) {
       // Every message and compression lies in the slots the form says it uses.
       CHECK(d.slots_used() == (d.gather_base == 2 ? sc::sra::slots(p) : 2 * static_cast<std::size_t>(p)));
       const world w(p, n, d.slots_used() * d.slot, [&](int r, auto f) { d.messages(r, f); },
@@ -224,6 +227,7 @@ TEST_CASE("schedule::sra: coverage, matching messages, keys, workspace, both for
     INFO("p=" << p << " n=" << n);
     CHECK(merged(pipe) == merged(two));
     CHECK(merged(whole) == merged(two));
+    CHECK(merged(whole_in) == merged(two));
     CHECK(pipe.slot == two.slot);
     // The whole form's slot holds the largest whole chunk, and no more.
     CHECK(whole.K == 1);

@@ -7,8 +7,11 @@
 /// (see scatter_reduce_allgather.hpp); every rank ends with the same bits, because the
 /// owner of a chunk decodes its own re-quantized sum like everyone else.
 ///
-/// Workspace (device, owned by the transport): p send slots, then p receive slots, each
-/// of the compressed size of the largest chunk rounded to a cache line. Phase 1 writes
+/// Chunks, peers, slots, random keys and the order of sums are those of the description
+/// schedule::sra (its whole form: one message per chunk and phase, the allgather
+/// received into the receive slots), in this workspace (device, owned by the
+/// transport): p send slots, then p receive slots, each of the compressed size of the
+/// largest chunk of max_n rounded to a cache line. Phase 1 writes
 /// send slots r != me (this rank's parts of the other chunks); the owned sum goes to send
 /// slot me, which phase 1 never sends: the rule cuda_ipc relies on (see there).
 
@@ -23,6 +26,7 @@
 #include "../quant/rounding.hpp"
 #include "chunking.hpp"
 #include "device_transport.cuh"
+#include "../schedule/sra.hpp"
 
 namespace cgx::comm {
 
@@ -51,66 +55,63 @@ class device_sra {
     const int p = x.size();
     const int me = x.rank();
     if (p == 1 || n == 0) return;
-    const std::size_t slot = slot_bytes(max_n, p);
-    auto send_off = [&](int r) { return static_cast<std::size_t>(r) * slot; };
-    auto recv_off = [&](int r) { return static_cast<std::size_t>(p + r) * slot; };
-    const chunk mine = chunk_of(n, p, me);
-    const std::size_t mine_bytes = D::template compressed_bytes<T>(mine.count);
+    // Chunks, peers, slots, keys and the order of sums: schedule::sra's whole form in
+    // this workspace (slots sized for max_n).
+    const description d = description::whole_in(n, p, granule, bytes, slot_bytes(max_n, p));
+    const chunk mine = d.chunk_of(me);
+    const std::size_t mine_bytes = bytes(mine.count);
 
     // Phase 1: scatter-reduce. Compress this rank's part of every other chunk.
     x.prepare_send(stream);
     sends_.clear();
     recvs_.clear();
     for (int step = 1; step < p; ++step) {
-      const int r = (me + step) % p;
-      const chunk c = chunk_of(n, p, r);
+      const int o = d.to(me, step);
+      const chunk c = d.chunk_of(o);
       if (c.count == 0) continue;
-      quant::rng_state s = rng;
-      s.stream = static_cast<std::uint32_t>(me);
-      s.position = c.begin;
-      D::template compress<T>(d_buf + c.begin, c.count, ws + send_off(r), s, stream);
-      sends_.push_back({r, send_off(r), recv_off(me), D::template compressed_bytes<T>(c.count)});
+      D::template compress<T>(d_buf + c.begin, c.count, ws + d.send_slot(o),
+                              ::cgx::schedule::keyed(rng, description::contribution_key(me, c)), stream);
+      sends_.push_back({o, d.send_slot(o), d.recv_slot(me), bytes(c.count)});
     }
     if (mine.count != 0)
-      for (int r = 0; r < p; ++r)
-        if (r != me) recvs_.push_back({r, recv_off(r), send_off(me), mine_bytes});
-    // In rank order (a fixed summation order), each part as soon as it has arrived.
+      for (int i = 0; i + 1 < p; ++i) {
+        const int r = description::addend(me, i);
+        recvs_.push_back({r, d.recv_slot(r), d.send_slot(me), mine_bytes});
+      }
+    // In the description's order (a fixed summation order), each part as soon as it has arrived.
     x.exchange(std::span<const device_message>(sends_), std::span<const device_message>(recvs_), stream,
-               [&](std::size_t, const std::byte* d) {
-                 D::template decompress_add<T>(d, mine.count, d_buf + mine.begin, stream);
+               [&](std::size_t, const std::byte* in) {
+                 D::template decompress_add<T>(in, mine.count, d_buf + mine.begin, stream);
                });
 
     // The sum is quantized once; the owner keeps the decoded bytes, like everyone else.
     x.prepare_send(stream);
     if (mine.count != 0) {
-      quant::rng_state s = rng;
-      s.stream = static_cast<std::uint32_t>(p + me);
-      s.position = mine.begin;
-      D::template compress<T>(d_buf + mine.begin, mine.count, ws + send_off(me), s, stream);
-      if constexpr (!Q::lossless) D::template decompress<T>(ws + send_off(me), mine.count, d_buf + mine.begin, stream);
+      D::template compress<T>(d_buf + mine.begin, mine.count, ws + d.send_slot(me), ::cgx::schedule::keyed(rng, d.sum_key(me, mine)),
+                              stream);
+      if constexpr (!Q::lossless) D::template decompress<T>(ws + d.send_slot(me), mine.count, d_buf + mine.begin, stream);
     }
 
-    // Phase 2: allgather of the compressed sums.
+    // Phase 2: allgather of the compressed sums, received into the receive slots.
     sends_.clear();
     recvs_.clear();
     if (mine.count != 0)
-      for (int step = 1; step < p; ++step) {
-        const int r = (me + step) % p;
-        sends_.push_back({r, send_off(me), recv_off(me), mine_bytes});
-      }
-    for (int r = 0; r < p; ++r) {
-      if (r == me) continue;
-      const chunk c = chunk_of(n, p, r);
-      if (c.count != 0) recvs_.push_back({r, recv_off(r), send_off(r), D::template compressed_bytes<T>(c.count)});
+      for (int step = 1; step < p; ++step) sends_.push_back({d.to(me, step), d.send_slot(me), d.gather_slot(me), mine_bytes});
+    for (int step = 1; step < p; ++step) {
+      const int o = d.from(me, step);
+      const chunk c = d.chunk_of(o);
+      if (c.count != 0) recvs_.push_back({o, d.gather_slot(o), d.send_slot(o), bytes(c.count)});
     }
     x.exchange(std::span<const device_message>(sends_), std::span<const device_message>(recvs_), stream,
-               [&](std::size_t i, const std::byte* d) {
-                 const chunk c = chunk_of(n, p, recvs_[i].peer);
-                 D::template decompress<T>(d, c.count, d_buf + c.begin, stream);
+               [&](std::size_t i, const std::byte* in) {
+                 const chunk c = d.chunk_of(recvs_[i].peer);
+                 D::template decompress<T>(in, c.count, d_buf + c.begin, stream);
                });
   }
 
  private:
+  using description = ::cgx::schedule::sra;
+  static constexpr ::cgx::schedule::size_fn bytes = &D::template compressed_bytes<T>;
   static std::size_t slot_bytes(std::size_t n, int p) { return device_slot_bytes<D, T>(n, p, granule); }
 
   std::vector<device_message> sends_;

@@ -123,6 +123,13 @@ struct sra : sra_pattern {
     return {{p, 1, comm::round_to_line(largest_compressed(n, p, granule, bytes))}, n, granule, 1, bytes};
   }
 
+  /// The whole form in a workspace whose slots are sized elsewhere: `slot` bytes, at
+  /// least whole(n, ...).slot (comm::device_sra, whose slots hold the largest chunk of
+  /// the count its workspace was sized for).
+  static constexpr sra whole_in(std::size_t n, int p, std::size_t granule, size_fn bytes, std::size_t slot) {
+    return {{p, 1, slot}, n, granule, 1, bytes};
+  }
+
   /// Workspace slots: p send, p receive, p gather (slots_used() of the pipelined form).
   static constexpr std::size_t slots(int p) { return 3 * static_cast<std::size_t>(p); }
 
