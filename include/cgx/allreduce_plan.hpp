@@ -187,7 +187,7 @@ class allreduce_plan {
 
   void validate_options() {
     if (opts_.threads < 1) throw error(errc::invalid_argument, "allreduce_plan: plan_options::threads must be >= 1");
-    detail::apply_transport_options(x_, opts_);
+    detail::configure_transport(x_, opts_.timeout_ms, opts_.verify);
   }
 
   /// A number that differs between plans of different T, Q or R.

@@ -244,11 +244,6 @@ void configure_transport(X& x, std::uint32_t timeout_ms, bool verify) {
                 "plan_options::verify: this transport cannot checksum its messages (comm::mpi and comm::shm can)");
 }
 
-/// configure_transport with a plan's options.
-template <class X>
-void apply_transport_options(X& x, const plan_options& o) {
-  configure_transport(x, o.timeout_ms, o.verify);
-}
 
 /// Claims a plan for one call, so that two threads never run one plan at once: the
 /// constructor sets the plan's `busy` flag or, if another thread holds it, throws
@@ -337,7 +332,7 @@ class plan_base {
   plan_base(X transport, std::size_t max_count, plan_options opts, const char* who)
       : x_(std::move(transport)), max_count_(max_count), opts_(opts), who_(who) {
     if (opts_.threads < 1) throw error(errc::invalid_argument, std::string(who_) + ": plan_options::threads must be >= 1");
-    apply_transport_options(x_, opts_);
+    configure_transport(x_, opts_.timeout_ms, opts_.verify);
   }
   ~plan_base() { release_workspace(x_, owned_); }
 

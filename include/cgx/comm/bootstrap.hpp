@@ -56,12 +56,13 @@ concept bootstrap_source = requires(C c) {
 };
 
 /// Collective over `b`: the element-wise maximum of `v` over all ranks, in place (every
-/// rank passes the same number of values).
+/// rank passes the same number of values). `all` is the gather's buffer, kept by a
+/// caller that calls this once per call (no allocation after the first).
 template <bootstrap B>
-void max_all(B& b, std::span<std::int64_t> v) {
+void max_all(B& b, std::span<std::int64_t> v, std::vector<std::byte>& all) {
   const std::size_t m = v.size_bytes();
   const auto p = static_cast<std::size_t>(b.size());
-  std::vector<std::byte> all(p * m);
+  all.resize(p * m);
   b.allgather(std::as_bytes(v), std::span<std::byte>(all));
   for (std::size_t r = 0; r < p; ++r)
     for (std::size_t i = 0; i < v.size(); ++i) {
@@ -69,6 +70,13 @@ void max_all(B& b, std::span<std::int64_t> v) {
       std::memcpy(&x, all.data() + r * m + i * sizeof x, sizeof x);
       if (x > v[i]) v[i] = x;
     }
+}
+
+/// max_all with a buffer of its own (set-up steps).
+template <bootstrap B>
+void max_all(B& b, std::span<std::int64_t> v) {
+  std::vector<std::byte> all;
+  max_all(b, v, all);
 }
 
 /// Any bootstrap behind one type (for transports that are not templates, such as

@@ -189,7 +189,7 @@ class cuda_ipc {
   }
 
   /// Collective: element-wise maximum over all ranks (host values, over the bootstrap).
-  void max_all(std::span<std::int64_t> v) { comm::max_all(boot_, v); }
+  void max_all(std::span<std::int64_t> v) { comm::max_all(boot_, v, gathered_); }
 
  private:
   template <class S>
@@ -288,6 +288,7 @@ class cuda_ipc {
   }
 
   any_bootstrap boot_;
+  std::vector<std::byte> gathered_;  // max_all's gather buffer (argument checks, every call)
   int rank_ = 0;
   int size_ = 1;
   int device_ = 0;

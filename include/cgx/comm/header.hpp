@@ -59,6 +59,29 @@ inline wire_header make_header(const call_context& c, std::uint32_t call, std::s
   return h;
 }
 
+/// What a host transport stamps on its messages and expects on those it receives: the
+/// current call's context and number (begin_call), and whether payloads are checksummed
+/// (set_verify). comm::mpi and comm::shm each keep one.
+struct call_stamp {
+  call_context ctx{};      ///< the current call's context
+  std::uint32_t call = 0;  ///< number of calls begun
+  bool verify = false;     ///< payloads carry their CRC-32C
+
+  /// Starts the next call, of context `c`.
+  void begin(const call_context& c) noexcept {
+    ctx = c;
+    ++call;
+  }
+  /// The header expected on a received message of `bytes` payload bytes.
+  [[nodiscard]] wire_header expected(std::size_t bytes) const noexcept { return make_header(ctx, call, bytes, verify); }
+  /// The header of an outgoing message of data[0..bytes) (with its checksum, under verify).
+  [[nodiscard]] wire_header outgoing(const void* data, std::size_t bytes) const noexcept {
+    wire_header h = expected(bytes);
+    if (verify) h.crc = crc32c(data, bytes);
+    return h;
+  }
+};
+
 /// Empty if `got` (from rank `peer`) is the header this rank expects, else why not.
 inline std::string header_mismatch(const wire_header& got, const wire_header& want, int peer) {
   const std::string from = "the message from rank " + std::to_string(peer);

@@ -34,13 +34,17 @@ inline void check_mpi(int rc, const char* what) {
   }
 }
 
+/// "waited more than L ms (plan_options::timeout_ms)": how every expired wait begins.
+inline std::string waited_more_than(std::chrono::milliseconds limit) {
+  return "waited more than " + std::to_string(limit.count()) + " ms (plan_options::timeout_ms)";
+}
+
 /// "waited more than L ms (plan_options::timeout_ms) for ranks 1, 3 and 4": the message
 /// of a transport's expired wait; `peers` may hold repeats, in any order.
 inline std::string waited_for(std::chrono::milliseconds limit, std::vector<int> peers) {
   std::sort(peers.begin(), peers.end());
   peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
-  std::string s = "waited more than " + std::to_string(limit.count()) + " ms (plan_options::timeout_ms) for rank" +
-                  (peers.size() == 1 ? " " : "s ");
+  std::string s = waited_more_than(limit) + " for rank" + (peers.size() == 1 ? " " : "s ");
   for (std::size_t i = 0; i < peers.size(); ++i) {
     if (i > 0) s += (i + 1 == peers.size()) ? " and " : ", ";
     s += std::to_string(peers[i]);
@@ -133,9 +137,7 @@ class mpi {
         size_(o.size_),
         node_color_(o.node_color_),
         limit_(o.limit_),
-        verify_(o.verify_),
-        ctx_(o.ctx_),
-        call_(o.call_),
+        stamp_(o.stamp_),
         fault_(std::move(o.fault_)) {}
   /// Frees this transport's communicator and takes over o's.
   mpi& operator=(mpi&& o) noexcept {
@@ -146,9 +148,7 @@ class mpi {
       size_ = o.size_;
       node_color_ = o.node_color_;
       limit_ = o.limit_;
-      verify_ = o.verify_;
-      ctx_ = o.ctx_;
-      call_ = o.call_;
+      stamp_ = o.stamp_;
       fault_ = std::move(o.fault_);
     }
     return *this;
@@ -244,11 +244,10 @@ class mpi {
   /// Starts a call of a plan: later messages carry `c` and the next call number in their
   /// header, and received headers must match (see call_context).
   void begin_call(const call_context& c) noexcept {
-    ctx_ = c;
-    ++call_;
+    stamp_.begin(c);
   }
   /// The context of the current call (the last begin_call's).
-  [[nodiscard]] call_context context() const noexcept { return ctx_; }
+  [[nodiscard]] call_context context() const noexcept { return stamp_.ctx; }
 
   /// Bounds every later wait (zero: no bound). See the class comment.
   void set_wait_limit(wait_limit limit) noexcept { limit_ = limit; }
@@ -257,9 +256,9 @@ class mpi {
 
   /// Checksums every later message (see the class comment); every rank must agree (a
   /// receiver whose setting differs from its sender's throws errc::mismatch).
-  void set_verify(bool on) noexcept { verify_ = on; }
+  void set_verify(bool on) noexcept { stamp_.verify = on; }
   /// Whether messages are checksummed.
-  [[nodiscard]] bool verify() const noexcept { return verify_; }
+  [[nodiscard]] bool verify() const noexcept { return stamp_.verify; }
 
   /// Completes every request in `reqs`. Throws cgx::error: errc::mismatch for a message
   /// whose length or header differs from its receive's, errc::corrupt for one that fails
@@ -332,11 +331,11 @@ class mpi {
                     "a message from rank " + std::to_string(q.peer) + " holds " + std::to_string(got) + " bytes where this rank "
                     "expects " + std::to_string(q.bytes[part]) + " (the ranks disagree on the count or the plan)");
         if (part == 0) {
-          const std::string why = detail::header_mismatch(*q.header, expected(q.bytes[1] + q.bytes[2]), q.peer);
+          const std::string why = detail::header_mismatch(*q.header, stamp_.expected(q.bytes[1] + q.bytes[2]), q.peer);
           if (!why.empty()) fail_wait(reqs, errc::mismatch, MPI_SUCCESS, why);
         }
         // A checksummed message, header and payload both in (its header was checked).
-        if (verify_ && q.r[0] == MPI_REQUEST_NULL && q.r[1] == MPI_REQUEST_NULL && q.r[2] == MPI_REQUEST_NULL) {
+        if (stamp_.verify && q.r[0] == MPI_REQUEST_NULL && q.r[1] == MPI_REQUEST_NULL && q.r[2] == MPI_REQUEST_NULL) {
           const std::string why = detail::payload_corrupt(*q.header, q.data, q.bytes[1] + q.bytes[2], q.peer);
           if (!why.empty()) fail_wait(reqs, errc::corrupt, MPI_SUCCESS, why);
         }
@@ -440,8 +439,7 @@ class mpi {
       if (std::chrono::steady_clock::now() - t0 > limit_) {
         fault_->abandoned = true;
         fail_wait({}, errc::timeout, MPI_SUCCESS,
-                  "waited more than " + std::to_string(limit_.count()) +
-                      " ms (plan_options::timeout_ms) in the collective argument check: a rank did not make the call");
+                  detail::waited_more_than(limit_) + " in the collective argument check: a rank did not make the call");
       }
       if (++idle > 64) std::this_thread::yield();
     }
@@ -469,11 +467,6 @@ class mpi {
     std::vector<std::int64_t> collective;     // max_all's buffer
     std::size_t outstanding = 0;              // MPI requests posted and not yet completed
   };
-
-  /// The header this rank expects on a message of `bytes` payload bytes.
-  detail::wire_header expected(std::size_t bytes) const noexcept {
-    return detail::make_header(ctx_, call_, bytes, verify_);
-  }
 
   /// Drops the headers once no request is in flight.
   void settle() noexcept {
@@ -601,10 +594,7 @@ class mpi {
     // so that the payload travels from and into the caller's memory as before.
     q.header = &fault_->headers.emplace_back();
     q.data = buf;
-    if (send) {
-      *q.header = expected(bytes);
-      if (verify_) q.header->crc = detail::crc32c(buf, bytes);
-    }
+    if (send) *q.header = stamp_.outgoing(buf, bytes);
     q.bytes[0] = sizeof(detail::wire_header);
     start(q.header, static_cast<int>(sizeof(detail::wire_header)), MPI_BYTE, &q.r[0]);
     if (bytes <= static_cast<std::size_t>(INT_MAX)) {
@@ -665,9 +655,7 @@ class mpi {
   int size_ = 1;
   int node_color_ = -1;
   wait_limit limit_{0};
-  bool verify_ = false;
-  call_context ctx_{};
-  std::uint32_t call_ = 0;
+  detail::call_stamp stamp_;
   std::unique_ptr<fault_channel> fault_;
 };
 

@@ -223,9 +223,7 @@ class shm {
       blocked_recv_ = std::move(o.blocked_recv_);
       peer_pid_ = std::move(o.peer_pid_);
       limit_ = o.limit_;
-      verify_ = o.verify_;
-      ctx_ = o.ctx_;
-      call_ = o.call_;
+      stamp_ = o.stamp_;
       headers_ = std::move(o.headers_);
     }
     return *this;
@@ -300,18 +298,17 @@ class shm {
   void set_wait_limit(wait_limit limit) noexcept { limit_ = limit; }
 
   /// Checksums every later message (see the file comment); every rank must agree.
-  void set_verify(bool on) noexcept { verify_ = on; }
+  void set_verify(bool on) noexcept { stamp_.verify = on; }
   /// Whether messages are checksummed.
-  [[nodiscard]] bool verify() const noexcept { return verify_; }
+  [[nodiscard]] bool verify() const noexcept { return stamp_.verify; }
 
   /// Starts a call of a plan (see comm::call_context): later headers carry `c` and the
   /// next call number, and received ones must match.
   void begin_call(const call_context& c) noexcept {
-    ctx_ = c;
-    ++call_;
+    stamp_.begin(c);
   }
   /// The context of the current call (the last begin_call's).
-  [[nodiscard]] call_context context() const noexcept { return ctx_; }
+  [[nodiscard]] call_context context() const noexcept { return stamp_.ctx; }
   /// The bound on waits; zero when there is none.
   [[nodiscard]] wait_limit wait_limit_value() const noexcept { return limit_; }
 
@@ -523,10 +520,7 @@ class shm {
     if (failed()) throw_if_failed();
     // The header, then the payload, in the same ring (FIFO per pair keeps them together).
     detail::wire_header& h = headers_.emplace_back();
-    if (send) {
-      h = expected(bytes);
-      if (verify_) h.crc = detail::crc32c(buf, bytes);
-    }
+    if (send) h = stamp_.outgoing(buf, bytes);
     const std::uint64_t hid = ++next_id_;
     pending_.push_back(op{reinterpret_cast<std::byte*>(&h), sizeof(h), 0, send, peer, hid, send ? sent_header : bytes});
     const std::uint64_t id = ++next_id_;
@@ -539,10 +533,6 @@ class shm {
     return {id};
   }
 
-  /// The header this rank expects on a message of `bytes` payload bytes.
-  detail::wire_header expected(std::size_t bytes) const noexcept {
-    return detail::make_header(ctx_, call_, bytes, verify_);
-  }
 
   /// Moves bytes for every pending operation that can move; true if anything moved.
   /// Only the oldest unfinished operation per (direction, peer) may move (FIFO order).
@@ -560,7 +550,7 @@ class shm {
       }
       if (o.done == o.bytes) {
         if (o.header_for == no_header) {
-          if (o.hdr != nullptr && verify_) {  // a checksummed payload (its header was checked)
+          if (o.hdr != nullptr && stamp_.verify) {  // a checksummed payload (its header was checked)
             std::string why = detail::payload_corrupt(*o.hdr, o.buf, o.bytes, o.peer);
             if (!why.empty()) {
               bad_ = std::move(why);
@@ -573,7 +563,7 @@ class shm {
         } else if (o.header_for != sent_header) {
           // A received header: checked before any byte of its payload moves.
           std::string why = detail::header_mismatch(*reinterpret_cast<const detail::wire_header*>(o.buf),
-                                                    expected(o.header_for), o.peer);
+                                                    stamp_.expected(o.header_for), o.peer);
           if (!why.empty()) {
             bad_ = std::move(why);
             bad_code_ = errc::mismatch;
@@ -642,12 +632,10 @@ class shm {
   std::vector<std::uint64_t> completed_;
   std::vector<char> blocked_send_, blocked_recv_;  // per peer, scratch of progress()
   wait_limit limit_{0};
-  call_context ctx_{};
-  std::uint32_t call_ = 0;
+  detail::call_stamp stamp_;
   std::deque<detail::wire_header> headers_;  // of the transfers in flight (stable addresses)
   std::string bad_;                          // a received message that failed its check, and
   errc bad_code_ = errc::mismatch;           // how (mismatch: its header; corrupt: its checksum)
-  bool verify_ = false;
   std::vector<pid_t> peer_pid_;  // per rank: its pid if it shares this rank's pid namespace, else 0 (and 0 for self)
 };
 
