@@ -52,8 +52,11 @@
 #endif
 #include "comm/ring.hpp"
 #include "comm/scatter_reduce_allgather.hpp"
+#include "comm/runtime.cuh"
 #include "error.hpp"
-#include "quant/maxmin.cuh"
+#if defined(__CUDACC__)
+#include "quant/maxmin.cuh"  // cuda_runtime's kernels (a simulated runtime brings its own)
+#endif
 #include "quant/rounding.hpp"
 
 namespace cgx {
@@ -93,9 +96,9 @@ struct device_schedule<comm::ring> {
   using type = comm::device_ring<T, Q, X>;
 };
 
-/// True for quantizers with CUDA kernels.
-template <class Q>
-inline constexpr bool has_device_kernels = requires { typename quant::device<Q>::quantizer; };
+/// True for quantizers with kernels in runtime policy RT (CUDA kernels for cuda_runtime).
+template <class RT, class Q>
+inline constexpr bool has_device_kernels = requires { typename RT::template kernels<Q>::quantizer; };
 }  // namespace detail
 
 /// Compressed allreduce (sum, in place) of up to `max_count` values of T in device memory.
@@ -119,7 +122,7 @@ class device_allreduce_plan {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, __half> ||
                     std::is_same_v<T, __nv_bfloat16>,
                 "cgx::device_allreduce_plan: T must be float, double, __half or __nv_bfloat16");
-  static_assert(detail::has_device_kernels<Q>,
+  static_assert(detail::has_device_kernels<comm::runtime_of<typename comm::device_transport_of<X>::type>, Q>,
                 "cgx::device_allreduce_plan: Q must have CUDA kernels (cgx::quant::maxmin<Bits, Bucket, Rounding> "
                 "or cgx::quant::none)");
   static_assert(detail::device_schedule<R>::exists,
@@ -139,6 +142,7 @@ class device_allreduce_plan {
 
  private:
   using schedule_type = typename detail::device_schedule<R>::template type<T, Q, device_transport_type>;
+  using runtime = comm::runtime_of<device_transport_type>;  // comm/runtime.cuh
 
  public:
   /// Bytes of device workspace a plan for `max_count` values on `ranks` ranks needs (the
@@ -172,7 +176,7 @@ class device_allreduce_plan {
     const detail::call_guard claimed(busy_, "device_allreduce_plan");
     // The schedule's kernels go to the transport's device, whatever device is current
     // (one thread may drive plans on several GPUs); the caller's is restored after.
-    std::optional<comm::detail::device_guard> on;
+    std::optional<comm::detail::basic_device_guard<runtime>> on;
     if constexpr (requires { x_.device(); }) on.emplace(x_.device());
     check(d_buf, n);
     if constexpr (requires { x_.native_allreduce(d_buf, n, stream); }) {
@@ -219,9 +223,9 @@ class device_allreduce_plan {
     bool not_device = false;
     if (d_buf != nullptr && n > 0) {
       cudaPointerAttributes a{};
-      const cudaError_t e = cudaPointerGetAttributes(&a, d_buf);
+      const cudaError_t e = runtime::pointer_attributes(&a, d_buf);
       if (e != cudaSuccess) {
-        (void)cudaGetLastError();
+        (void)runtime::get_last_error();
         not_device = true;
       } else if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
         not_device = true;

@@ -72,9 +72,14 @@ namespace cgx::comm {
 /// construction (call cudaSetDevice first) and makes it current in each of its calls
 /// (restoring the caller's after), so one thread may drive plans on several GPUs.
 /// Move-constructible (the exported memory and events move with it), not copyable or
-/// assignable; a plan owns one.
-class cuda_ipc {
+/// assignable; a plan owns one. R is the runtime policy (comm/runtime.cuh): `cuda_ipc`
+/// is basic_cuda_ipc<cuda_runtime>; the tests also run it over a simulated runtime.
+template <class R>
+class basic_cuda_ipc {
  public:
+  /// The runtime policy its calls go through.
+  using runtime_type = R;
+
   /// Collective over `source`: a bootstrap (comm::socket_bootstrap, comm::mpi_bootstrap,
   /// comm::any_bootstrap), taken over, or a bootstrap_source such as an MPI_Comm
   /// (duplicated, through comm::mpi_bootstrap). Throws cgx::error: errc::communicator
@@ -83,13 +88,13 @@ class cuda_ipc {
   /// created, exported or imported.
   template <class S>
     requires(bootstrap<S> || bootstrap_source<S>)
-  explicit cuda_ipc(S source) : cuda_ipc(make_bootstrap(std::move(source)), 0) {}
+  explicit basic_cuda_ipc(S source) : basic_cuda_ipc(make_bootstrap(std::move(source)), 0) {}
 
   /// Movable (the plan takes the transport by value); not copyable.
-  cuda_ipc(cuda_ipc&&) noexcept = default;
-  cuda_ipc(const cuda_ipc&) = delete;
-  cuda_ipc& operator=(const cuda_ipc&) = delete;
-  cuda_ipc& operator=(cuda_ipc&&) = delete;
+  basic_cuda_ipc(basic_cuda_ipc&&) noexcept = default;
+  basic_cuda_ipc(const basic_cuda_ipc&) = delete;
+  basic_cuda_ipc& operator=(const basic_cuda_ipc&) = delete;
+  basic_cuda_ipc& operator=(basic_cuda_ipc&&) = delete;
 
   /// Collective (see "Teardown" in the file comment). Waits until this rank's reads of
   /// the peers' memory are done, closes the peers' memory and events, waits in
@@ -97,10 +102,10 @@ class cuda_ipc {
   /// frees its own workspace and destroys its own events. When the barrier fails (after
   /// MPI_Finalize; a dead peer or a timeout of a socket_bootstrap) the order rests on the
   /// peers having closed before.
-  ~cuda_ipc() {
+  ~basic_cuda_ipc() {
     if (!boot_) return;  // moved from: owns nothing
-    detail::device_guard on(device_, std::nothrow);
-    if (done_.get() != nullptr && cudaEventSynchronize(done_.get()) != cudaSuccess) (void)cudaGetLastError();
+    guard on(device_, std::nothrow);
+    if (done_.get() != nullptr && R::event_synchronize(done_.get()) != cudaSuccess) (void)R::get_last_error();
     close_peer_memory();
     destroy_peer_events();
     try {
@@ -121,18 +126,18 @@ class cuda_ipc {
   /// workspace is released first, in the order of "Teardown" (file comment): own reads
   /// done, peers' memory closed, barrier, own memory freed.
   std::byte* reserve(std::size_t bytes) {
-    detail::device_guard on(device_);
+    guard on(device_);
     if (mem_.get() != nullptr) {
-      detail::cuda_check(cudaEventSynchronize(done_.get()), "cgx::comm::cuda_ipc: cudaEventSynchronize");
+      detail::cuda_check<R>(R::event_synchronize(done_.get()), "cgx::comm::cuda_ipc: cudaEventSynchronize");
       close_peer_memory();
       boot_.barrier();
       mem_.reset();
     }
     const int p = size_;
     const int me = rank_;
-    mem_ = device_memory(bytes < 256 ? 256 : bytes);
+    mem_ = basic_device_memory<R>(bytes < 256 ? 256 : bytes);
     cudaIpcMemHandle_t mine{};
-    detail::cuda_check(cudaIpcGetMemHandle(&mine, mem_.get()), "cgx::comm::cuda_ipc: cudaIpcGetMemHandle");
+    detail::cuda_check<R>(R::ipc_get_mem_handle(&mine, mem_.get()), "cgx::comm::cuda_ipc: cudaIpcGetMemHandle");
     std::vector<cudaIpcMemHandle_t> all(static_cast<std::size_t>(p));
     boot_.allgather(std::as_bytes(std::span<const cudaIpcMemHandle_t>(&mine, 1)),
                     std::as_writable_bytes(std::span<cudaIpcMemHandle_t>(all)));
@@ -141,11 +146,11 @@ class cuda_ipc {
       if (r == me) continue;
       void* ptr = nullptr;
       const cudaError_t e =
-          cudaIpcOpenMemHandle(&ptr, all[static_cast<std::size_t>(r)], cudaIpcMemLazyEnablePeerAccess);
+          R::ipc_open_mem_handle(&ptr, all[static_cast<std::size_t>(r)], cudaIpcMemLazyEnablePeerAccess);
       if (e != cudaSuccess) {
-        (void)cudaGetLastError();
+        (void)R::get_last_error();
         failure = "cudaIpcOpenMemHandle of rank " + std::to_string(r) + "'s workspace (this rank on device " +
-                  std::to_string(device_) + ") failed: " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
+                  std::to_string(device_) + ") failed: " + R::error_name(e) + " (" + R::error_string(e) +
                   "); CUDA IPC needs all ranks on one node, and GPUs that can reach each other (peer access)";
       } else {
         peer_mem_[static_cast<std::size_t>(r)] = static_cast<std::byte*>(ptr);
@@ -159,11 +164,11 @@ class cuda_ipc {
   /// it (cudaStreamWaitEvent on each peer's `done`) and after this rank's own work of
   /// the previous exchange, whatever its stream (its own `done`). No host wait.
   void prepare_send(cudaStream_t stream) {
-    detail::device_guard on(device_);
+    guard on(device_);
     order_after_own(stream);
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
-      detail::cuda_check(cudaStreamWaitEvent(stream, peer_done_[static_cast<std::size_t>(r)], 0),
+      detail::cuda_check<R>(R::stream_wait_event(stream, peer_done_[static_cast<std::size_t>(r)]),
                          "cgx::comm::cuda_ipc: cudaStreamWaitEvent (peer done)");
     }
   }
@@ -174,18 +179,18 @@ class cuda_ipc {
   template <class F>
   void exchange(std::span<const device_message> /*sends*/, std::span<const device_message> recvs,
                 cudaStream_t stream, F&& arrived) {
-    detail::device_guard on(device_);
+    guard on(device_);
     order_after_own(stream);
-    detail::cuda_check(cudaEventRecord(ready_.get(), stream), "cgx::comm::cuda_ipc: cudaEventRecord (ready)");
+    detail::cuda_check<R>(R::event_record(ready_.get(), stream), "cgx::comm::cuda_ipc: cudaEventRecord (ready)");
     boot_.barrier();
     for (std::size_t i = 0; i < recvs.size(); ++i) {
       const auto& m = recvs[i];
       const auto r = static_cast<std::size_t>(m.peer);
-      detail::cuda_check(cudaStreamWaitEvent(stream, peer_ready_[r], 0),
+      detail::cuda_check<R>(R::stream_wait_event(stream, peer_ready_[r]),
                          "cgx::comm::cuda_ipc: cudaStreamWaitEvent (peer ready)");
       arrived(i, static_cast<const std::byte*>(peer_mem_[r] + m.remote_offset));
     }
-    detail::cuda_check(cudaEventRecord(done_.get(), stream), "cgx::comm::cuda_ipc: cudaEventRecord (done)");
+    detail::cuda_check<R>(R::event_record(done_.get(), stream), "cgx::comm::cuda_ipc: cudaEventRecord (done)");
   }
 
   /// Collective: element-wise maximum over all ranks (host values, over the bootstrap).
@@ -200,17 +205,19 @@ class cuda_ipc {
       return any_bootstrap(bootstrap_from<S>::make(source));
   }
 
+  using guard = detail::basic_device_guard<R>;
+
   /// The constructor proper (the int only tells it from the public template).
-  cuda_ipc(any_bootstrap boot, int) : boot_(std::move(boot)), rank_(boot_.rank()), size_(boot_.size()) {
-    device_ = detail::current_device("cgx::comm::cuda_ipc");
+  basic_cuda_ipc(any_bootstrap boot, int) : boot_(std::move(boot)), rank_(boot_.rank()), size_(boot_.size()) {
+    device_ = detail::current_device<R>("cgx::comm::cuda_ipc");
     const int p = size_;
     const int me = rank_;
     if (!boot_.same_node())
       throw cgx::error(errc::communicator,
                        "cgx::comm::cuda_ipc: every rank must be on one node (CUDA IPC does not cross nodes); this "
                        "group of " + std::to_string(p) + " ranks spans several");
-    ready_ = cuda_event(cudaEventInterprocess | cudaEventDisableTiming);
-    done_ = cuda_event(cudaEventInterprocess | cudaEventDisableTiming);
+    ready_ = basic_cuda_event<R>(cudaEventInterprocess | cudaEventDisableTiming);
+    done_ = basic_cuda_event<R>(cudaEventInterprocess | cudaEventDisableTiming);
     struct info {
       cudaIpcEventHandle_t ready;
       cudaIpcEventHandle_t done;
@@ -218,8 +225,9 @@ class cuda_ipc {
       int pid_rank;
     };
     info mine{};
-    detail::cuda_check(cudaIpcGetEventHandle(&mine.ready, ready_.get()), "cgx::comm::cuda_ipc: cudaIpcGetEventHandle");
-    detail::cuda_check(cudaIpcGetEventHandle(&mine.done, done_.get()), "cgx::comm::cuda_ipc: cudaIpcGetEventHandle");
+    detail::cuda_check<R>(R::ipc_get_event_handle(&mine.ready, ready_.get()),
+                          "cgx::comm::cuda_ipc: cudaIpcGetEventHandle");
+    detail::cuda_check<R>(R::ipc_get_event_handle(&mine.done, done_.get()), "cgx::comm::cuda_ipc: cudaIpcGetEventHandle");
     mine.device = device_;
     mine.pid_rank = me;
     std::vector<info> all(static_cast<std::size_t>(p));
@@ -232,13 +240,13 @@ class cuda_ipc {
     for (int r = 0; r < p && failure.empty(); ++r) {
       if (r == me) continue;
       const auto& h = all[static_cast<std::size_t>(r)];
-      cudaError_t e = cudaIpcOpenEventHandle(&peer_ready_[static_cast<std::size_t>(r)], h.ready);
-      if (e == cudaSuccess) e = cudaIpcOpenEventHandle(&peer_done_[static_cast<std::size_t>(r)], h.done);
+      cudaError_t e = R::ipc_open_event_handle(&peer_ready_[static_cast<std::size_t>(r)], h.ready);
+      if (e == cudaSuccess) e = R::ipc_open_event_handle(&peer_done_[static_cast<std::size_t>(r)], h.done);
       if (e != cudaSuccess) {
-        (void)cudaGetLastError();
+        (void)R::get_last_error();
         failure = "cudaIpcOpenEventHandle of rank " + std::to_string(r) + "'s events (device " +
                   std::to_string(h.device) + ", this rank on device " + std::to_string(device_) +
-                  ") failed: " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+                  ") failed: " + R::error_name(e) + " (" + R::error_string(e) + ")";
       }
     }
     try {
@@ -268,21 +276,21 @@ class cuda_ipc {
   /// `stream` waits for this rank's latest `done` (its workspace fence). Before the first
   /// record, a no-op.
   void order_after_own(cudaStream_t stream) {
-    detail::cuda_check(cudaStreamWaitEvent(stream, done_.get(), 0),
+    detail::cuda_check<R>(R::stream_wait_event(stream, done_.get()),
                        "cgx::comm::cuda_ipc: cudaStreamWaitEvent (own done)");
   }
 
   void destroy_peer_events() noexcept {
     for (auto* v : {&peer_ready_, &peer_done_})
       for (auto& e : *v) {
-        if (e != nullptr) (void)cudaEventDestroy(e);
+        if (e != nullptr) (void)R::event_destroy(e);
         e = nullptr;
       }
   }
 
   void close_peer_memory() noexcept {
     for (auto& ptr : peer_mem_) {
-      if (ptr != nullptr) (void)cudaIpcCloseMemHandle(ptr);
+      if (ptr != nullptr) (void)R::ipc_close_mem_handle(ptr);
       ptr = nullptr;
     }
   }
@@ -292,12 +300,15 @@ class cuda_ipc {
   int rank_ = 0;
   int size_ = 1;
   int device_ = 0;
-  cuda_event ready_;
-  cuda_event done_;
-  device_memory mem_;
+  basic_cuda_event<R> ready_;
+  basic_cuda_event<R> done_;
+  basic_device_memory<R> mem_;
   std::vector<cudaEvent_t> peer_ready_;
   std::vector<cudaEvent_t> peer_done_;
   std::vector<std::byte*> peer_mem_;
 };
+
+/// CUDA IPC over the CUDA runtime (see basic_cuda_ipc).
+using cuda_ipc = basic_cuda_ipc<cuda_runtime>;
 
 }  // namespace cgx::comm

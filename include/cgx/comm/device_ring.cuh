@@ -22,18 +22,22 @@
 
 #include <cuda_runtime.h>
 
-#include "../quant/maxmin.cuh"
+#if defined(__CUDACC__)
+#include "../quant/maxmin.cuh"  // cuda_runtime's kernels (a simulated runtime brings its own)
+#endif
 #include "../quant/rounding.hpp"
 #include "chunking.hpp"
 #include "device_transport.cuh"
+#include "runtime.cuh"
 #include "../schedule/ring.hpp"
 
 namespace cgx::comm {
 
-/// Device ring for values T, quantizer Q (with `quant::device<Q>` kernels), transport X.
+/// Device ring for values T, quantizer Q, transport X; the kernels are those of X's
+/// runtime policy (comm/runtime.cuh: `quant::device<Q>` on the CUDA runtime).
 template <class T, class Q, class X>
 class device_ring {
-  using D = quant::device<Q>;
+  using D = typename runtime_of<X>::template kernels<Q>;
 
  public:
   /// Buckets are never split between ranks.
@@ -118,8 +122,9 @@ class device_ring {
                  [&](std::size_t, const std::byte* d) {
                    std::byte* mine_copy = ws + gather_off(cin);
                    if (d != mine_copy)  // a peer's memory (cuda_ipc): keep a copy to forward
-                     detail::cuda_check(cudaMemcpyAsync(mine_copy, d, bytes_of(in), cudaMemcpyDeviceToDevice, stream),
-                                        "cgx::comm::device_ring: cudaMemcpyAsync (forwarded chunk)");
+                     detail::cuda_check<runtime_of<X>>(
+                         runtime_of<X>::memcpy_async(mine_copy, d, bytes_of(in), cudaMemcpyDeviceToDevice, stream),
+                         "cgx::comm::device_ring: cudaMemcpyAsync (forwarded chunk)");
                    D::template decompress<T>(mine_copy, in.count, d_buf + in.begin, stream);
                  });
     }

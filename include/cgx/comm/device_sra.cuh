@@ -22,18 +22,22 @@
 
 #include <cuda_runtime.h>
 
-#include "../quant/maxmin.cuh"
+#if defined(__CUDACC__)
+#include "../quant/maxmin.cuh"  // cuda_runtime's kernels (a simulated runtime brings its own)
+#endif
 #include "../quant/rounding.hpp"
 #include "chunking.hpp"
 #include "device_transport.cuh"
+#include "runtime.cuh"
 #include "../schedule/sra.hpp"
 
 namespace cgx::comm {
 
-/// Device SRA for values T, quantizer Q (with `quant::device<Q>` kernels), transport X.
+/// Device SRA for values T, quantizer Q, transport X; the kernels are those of X's
+/// runtime policy (comm/runtime.cuh: `quant::device<Q>` on the CUDA runtime).
 template <class T, class Q, class X>
 class device_sra {
-  using D = quant::device<Q>;
+  using D = typename runtime_of<X>::template kernels<Q>;
 
  public:
   /// Buckets are never split between ranks.

@@ -67,6 +67,7 @@
 
 #include "../error.hpp"
 #include "chunking.hpp"
+#include "runtime.cuh"
 
 namespace cgx::comm {
 
@@ -84,55 +85,60 @@ struct arrived_archetype {
   void operator()(std::size_t, const std::byte*) const {}
 };
 
-/// Throws cgx::error(errc::cuda) with `what` and CUDA's name and text for `e`.
-inline void cuda_check(cudaError_t e, const char* what) {
+/// Throws cgx::error(errc::cuda) with `what` and the runtime's name and text for `e`.
+template <class R = cuda_runtime>
+void cuda_check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
-    (void)cudaGetLastError();  // clear a non-sticky error, so that later calls start clean
-    throw cgx::error(errc::cuda, std::string(what) + " failed: " + cudaGetErrorName(e) + " (" +
-                                     cudaGetErrorString(e) + ")");
+    (void)R::get_last_error();  // clear a non-sticky error, so that later calls start clean
+    throw cgx::error(errc::cuda, std::string(what) + " failed: " + R::error_name(e) + " (" + R::error_string(e) +
+                                     ")");
   }
 }
 
 /// The CUDA device current on this thread (throws when there is none).
-inline int current_device(const char* who) {
+template <class R = cuda_runtime>
+int current_device(const char* who) {
   int dev = -1;
-  const cudaError_t e = cudaGetDevice(&dev);
+  const cudaError_t e = R::get_device(&dev);
   if (e != cudaSuccess)
-    cuda_check(e, (std::string(who) + ": cudaGetDevice (is there a CUDA device?)").c_str());
+    cuda_check<R>(e, (std::string(who) + ": cudaGetDevice (is there a CUDA device?)").c_str());
   return dev;
 }
 
 /// Makes `device` the current CUDA device of this thread for the guard's lifetime and
 /// then restores the caller's (cudaSetDevice is cheap when the device is current).
-class device_guard {
+template <class R>
+class basic_device_guard {
  public:
   /// Throws cgx::error(errc::cuda) when the device cannot be made current.
-  explicit device_guard(int device) {
-    cuda_check(cudaGetDevice(&previous_), "cgx: cudaGetDevice");
+  explicit basic_device_guard(int device) {
+    cuda_check<R>(R::get_device(&previous_), "cgx: cudaGetDevice");
     if (previous_ != device) {
-      cuda_check(cudaSetDevice(device), ("cgx: cudaSetDevice(" + std::to_string(device) + ")").c_str());
+      cuda_check<R>(R::set_device(device), ("cgx: cudaSetDevice(" + std::to_string(device) + ")").c_str());
       switched_ = true;
     }
   }
   /// For destructors: errors are ignored (the calls that follow then fail quietly too).
-  device_guard(int device, std::nothrow_t) noexcept {
-    cudaError_t e = cudaGetDevice(&previous_);
+  basic_device_guard(int device, std::nothrow_t) noexcept {
+    cudaError_t e = R::get_device(&previous_);
     if (e == cudaSuccess && previous_ != device) {
-      e = cudaSetDevice(device);
+      e = R::set_device(device);
       switched_ = e == cudaSuccess;
     }
-    if (e != cudaSuccess) (void)cudaGetLastError();
+    if (e != cudaSuccess) (void)R::get_last_error();
   }
-  device_guard(const device_guard&) = delete;
-  device_guard& operator=(const device_guard&) = delete;
-  ~device_guard() {
-    if (switched_) (void)cudaSetDevice(previous_);
+  basic_device_guard(const basic_device_guard&) = delete;
+  basic_device_guard& operator=(const basic_device_guard&) = delete;
+  ~basic_device_guard() {
+    if (switched_) (void)R::set_device(previous_);
   }
 
  private:
   int previous_ = 0;
   bool switched_ = false;
 };
+/// The guard over the CUDA runtime.
+using device_guard = basic_device_guard<cuda_runtime>;
 
 /// Calls `done()` until it returns true: back to back at first (a short wait costs no
 /// sleep), then yielding the core, then sleeping 1, 2, 4 ... 64 microseconds between
@@ -180,15 +186,19 @@ concept device_transport =
     };
 
 namespace detail {
-/// Allocation policies of `owned_memory`.
+/// Allocation policies of `owned_memory`, over runtime R.
+template <class R>
 struct device_allocation {
-  static cudaError_t allocate(void** p, std::size_t bytes) { return cudaMalloc(p, bytes); }
-  static void release(void* p) noexcept { (void)cudaFree(p); }
+  using runtime = R;
+  static cudaError_t allocate(void** p, std::size_t bytes) { return R::malloc(p, bytes); }
+  static void release(void* p) noexcept { (void)R::free(p); }
   static constexpr const char* what = "cudaMalloc of device workspace";
 };
+template <class R>
 struct pinned_allocation {
-  static cudaError_t allocate(void** p, std::size_t bytes) { return cudaHostAlloc(p, bytes, cudaHostAllocDefault); }
-  static void release(void* p) noexcept { (void)cudaFreeHost(p); }
+  using runtime = R;
+  static cudaError_t allocate(void** p, std::size_t bytes) { return R::host_alloc(p, bytes); }
+  static void release(void* p) noexcept { (void)R::free_host(p); }
   static constexpr const char* what = "cudaHostAlloc of pinned staging memory";
 };
 
@@ -199,7 +209,7 @@ class owned_memory {
   owned_memory() = default;
   /// Allocates `bytes` bytes (at least 1). \throws cgx::error(errc::cuda) on failure.
   explicit owned_memory(std::size_t bytes) {
-    cuda_check(A::allocate(&p_, bytes == 0 ? 1 : bytes),
+    cuda_check<typename A::runtime>(A::allocate(&p_, bytes == 0 ? 1 : bytes),
                ("cgx: " + std::string(A::what) + " (" + std::to_string(bytes) + " bytes)").c_str());
     size_ = bytes;
   }
@@ -232,72 +242,82 @@ class owned_memory {
 };
 }  // namespace detail
 
+/// Owning device allocation (cudaMalloc on the current device) of runtime R.
+template <class R>
+using basic_device_memory = detail::owned_memory<detail::device_allocation<R>>;
+/// Owning pinned (page-locked) host allocation (cudaHostAlloc) of runtime R.
+template <class R>
+using basic_pinned_memory = detail::owned_memory<detail::pinned_allocation<R>>;
 /// Owning device allocation (cudaMalloc on the current device).
-using device_memory = detail::owned_memory<detail::device_allocation>;
+using device_memory = basic_device_memory<cuda_runtime>;
 /// Owning pinned (page-locked) host allocation (cudaHostAlloc), for staging copies that
 /// overlap with transfers.
-using pinned_memory = detail::owned_memory<detail::pinned_allocation>;
+using pinned_memory = basic_pinned_memory<cuda_runtime>;
 
-/// An owning CUDA event. Move-only; destroyed with the object.
-class cuda_event {
+/// An owning event of runtime R. Move-only; destroyed with the object.
+template <class R>
+class basic_cuda_event {
  public:
-  cuda_event() = default;
+  basic_cuda_event() = default;
   /// Creates an event with `flags` (e.g. cudaEventDisableTiming).
-  explicit cuda_event(unsigned flags) {
-    detail::cuda_check(cudaEventCreateWithFlags(&e_, flags), "cgx: cudaEventCreateWithFlags");
+  explicit basic_cuda_event(unsigned flags) {
+    detail::cuda_check<R>(R::event_create(&e_, flags), "cgx: cudaEventCreateWithFlags");
   }
   /// Takes over o's event; o holds none after.
-  cuda_event(cuda_event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  basic_cuda_event(basic_cuda_event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
   /// Destroys this event and takes over o's.
-  cuda_event& operator=(cuda_event&& o) noexcept {
+  basic_cuda_event& operator=(basic_cuda_event&& o) noexcept {
     if (this != &o) {
       reset();
       e_ = std::exchange(o.e_, nullptr);
     }
     return *this;
   }
-  cuda_event(const cuda_event&) = delete;
-  cuda_event& operator=(const cuda_event&) = delete;
-  ~cuda_event() { reset(); }
+  basic_cuda_event(const basic_cuda_event&) = delete;
+  basic_cuda_event& operator=(const basic_cuda_event&) = delete;
+  ~basic_cuda_event() { reset(); }
   /// The event handle.
   [[nodiscard]] cudaEvent_t get() const noexcept { return e_; }
   /// Destroys the event (errors are ignored: this runs in destructors).
   void reset() noexcept {
-    if (e_ != nullptr) (void)cudaEventDestroy(e_);
+    if (e_ != nullptr) (void)R::event_destroy(e_);
     e_ = nullptr;
   }
 
  private:
   cudaEvent_t e_ = nullptr;
 };
+/// An owning CUDA event.
+using cuda_event = basic_cuda_event<cuda_runtime>;
 
 /// The ordering rule of the file comment ("Calls on different streams"): an event that
 /// a transport records at the end of each exchange and that every later prepare_send
 /// and exchange waits for on its stream. Move-only; empty when moved from.
-class workspace_fence {
+template <class R>
+class basic_workspace_fence {
  public:
-  workspace_fence() = default;
+  basic_workspace_fence() = default;
   /// A fence for transport `who` (a string literal, used in error messages).
-  explicit workspace_fence(const char* who) : ev_(cudaEventDisableTiming), who_(who) {}
+  explicit basic_workspace_fence(const char* who) : ev_(cudaEventDisableTiming), who_(who) {}
   /// Orders what is enqueued on `stream` next after the last record (any stream). Before
   /// the first record it is a no-op, as cudaStreamWaitEvent on an unrecorded event is.
   void order(cudaStream_t stream) const {
-    const cudaError_t e = cudaStreamWaitEvent(stream, ev_.get(), 0);
+    const cudaError_t e = R::stream_wait_event(stream, ev_.get());
     if (e != cudaSuccess)
-      detail::cuda_check(e, (std::string(who_) + ": cudaStreamWaitEvent (workspace fence)").c_str());
+      detail::cuda_check<R>(e, (std::string(who_) + ": cudaStreamWaitEvent (workspace fence)").c_str());
   }
   /// Records the fence behind the work enqueued on `stream` so far.
   void record(cudaStream_t stream) {
-    const cudaError_t e = cudaEventRecord(ev_.get(), stream);
-    if (e != cudaSuccess) detail::cuda_check(e, (std::string(who_) + ": cudaEventRecord (workspace fence)").c_str());
+    const cudaError_t e = R::event_record(ev_.get(), stream);
+    if (e != cudaSuccess) detail::cuda_check<R>(e, (std::string(who_) + ": cudaEventRecord (workspace fence)").c_str());
   }
   /// True once the work before the last record has completed (or nothing was recorded);
   /// throws cgx::error(errc::cuda) on a CUDA error (e.g. a kernel fault).
   [[nodiscard]] bool ready() const {
     if (ev_.get() == nullptr) return true;
-    const cudaError_t e = cudaEventQuery(ev_.get());
+    const cudaError_t e = R::event_query(ev_.get());
     if (e == cudaErrorNotReady) return false;
-    if (e != cudaSuccess) detail::cuda_check(e, (std::string(who_) + ": cudaEventQuery (workspace fence)").c_str());
+    if (e != cudaSuccess) detail::cuda_check<R>(e, (std::string(who_) + ": cudaEventQuery (workspace fence)").c_str());
     return true;
   }
   /// Blocks the host until ready(), polling (detail::poll_until).
@@ -306,14 +326,16 @@ class workspace_fence {
   }
   /// For destructors: blocks until the work before the last record is done; errors ignored.
   void synchronize() const noexcept {
-    if (ev_.get() != nullptr && cudaEventSynchronize(ev_.get()) != cudaSuccess) (void)cudaGetLastError();
+    if (ev_.get() != nullptr && R::event_synchronize(ev_.get()) != cudaSuccess) (void)R::get_last_error();
   }
   /// The event.
   [[nodiscard]] cudaEvent_t event() const noexcept { return ev_.get(); }
 
  private:
-  cuda_event ev_;
+  basic_cuda_event<R> ev_;
   const char* who_ = "cgx";
 };
+/// The workspace fence over the CUDA runtime.
+using workspace_fence = basic_workspace_fence<cuda_runtime>;
 
 }  // namespace cgx::comm

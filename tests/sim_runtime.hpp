@@ -1,0 +1,852 @@
+// A simulated CUDA runtime for the device transports and schedules of cgx (issue 19):
+// sim::runtime models the runtime policy of cgx/comm/runtime.cuh, so that
+// comm::basic_cuda_ipc<sim::runtime>, comm::device_sra / device_ring over it and
+// device_allreduce_plan run unchanged on a machine without a GPU. Ranks are threads of
+// this process (sim::thread_bootstrap); "device memory" is host memory.
+//
+// What it models:
+//  - Streams are queues. One executor thread runs the ops of every stream, choosing at
+//    random (from the world's seed) among the streams whose first op may run; a wait on
+//    an event may run once the record it waits for has run. Kernels (sim::kernels<Q>)
+//    run the CUDA kernels' bodies on the host (quant/kernel_bodies.hpp, lanes visited in
+//    a shuffled order). Host calls block as CUDA's do (event/stream synchronize).
+//  - Events count their records: cudaStreamWaitEvent and cudaEventQuery refer to the
+//    latest record at the time of the call, as in CUDA.
+//  - A happens-before checker. Every host thread and every stream is an actor with a
+//    vector clock; enqueueing, event record/wait/synchronize, stream synchronize and the
+//    bootstrap's barrier and allgather carry clocks as CUDA's and the group's ordering
+//    guarantees do. Every access of an op to simulated memory (kernels, copies) is
+//    checked at enqueue time against the earlier accesses to the same bytes: two
+//    accesses, one a write, not ordered by happens-before, are a *violation*, whatever
+//    order the executor happens to pick. So are: freeing memory whose accesses are not
+//    ordered before the free (cudaFree synchronizes only the freeing process's own
+//    streams), freeing an exported allocation or destroying an exported event while a
+//    peer has not closed its import (or closed it without an ordering to the free: the
+//    teardown rule of CUDA IPC), using an event whose exporter destroyed it, touching
+//    freed memory, and ranges past an allocation's end.
+// Violations are collected (world::violations()), never thrown: a test checks that
+// none happened and prints them when some did.
+#pragma once
+
+#include <cgx/comm/runtime.cuh>
+#include <cgx/quant/kernel_bodies.hpp>
+#include <cgx/quant/maxmin.hpp>
+#include <cgx/quant/none.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace sim {
+
+/// A vector clock: entry a is the number of steps of actor a known to have happened.
+using vclock = std::vector<std::uint64_t>;
+
+inline void join(vclock& a, const vclock& b) {
+  if (a.size() < b.size()) a.resize(b.size(), 0);
+  for (std::size_t i = 0; i < b.size(); ++i) a[i] = std::max(a[i], b[i]);
+}
+inline bool knows(const vclock& c, int actor, std::uint64_t t) {
+  return static_cast<std::size_t>(actor) < c.size() && c[static_cast<std::size_t>(actor)] >= t;
+}
+
+/// One access to simulated memory, as the checker remembers it.
+struct access {
+  std::size_t lo = 0, hi = 0;  // byte range [lo, hi) in the allocation
+  bool write = false;
+  int actor = 0;
+  std::uint64_t time = 0;
+  std::string what;
+};
+
+struct mapping {
+  int actor = 0;  // the importing host thread
+  int opened = 0;
+  bool closed = false;
+  std::uint64_t close_time = 0;
+};
+
+struct allocation {
+  int id = 0;
+  int owner = 0;  // host actor that allocated it
+  bool device = true;
+  bool freed = false;
+  std::size_t bytes = 0;
+  std::unique_ptr<std::byte[]> mem;
+  std::byte* base = nullptr;
+  std::vector<access> log;
+  std::vector<mapping> mappings;
+};
+
+struct event_obj {
+  int id = 0;
+  int owner = 0;  // host actor
+  bool interprocess = false;
+  bool destroyed = false;
+  std::uint64_t records = 0;
+  std::vector<char> completed{1};  // completed[k]: record k has run (record 0: none, always "run")
+  vclock at_last_record;
+  std::vector<mapping> imports;
+};
+
+/// What a cudaEvent_t points to: an owner's handle or a peer's imported one.
+struct event_ref {
+  event_obj* target = nullptr;
+  int actor = 0;  // the host thread holding this handle
+  bool imported = false;
+  bool destroyed = false;
+};
+
+struct op {
+  enum kind { task, record, wait } k = task;
+  std::function<void()> fn;
+  event_obj* ev = nullptr;
+  std::uint64_t rec = 0;
+};
+
+struct stream_obj {
+  int actor = 0;
+  int rank = 0;  // the rank (host thread's) that created it
+  vclock clock;
+  std::deque<op> q;
+  std::uint64_t enqueued = 0, done = 0;
+};
+
+/// A range an op reads or writes.
+struct range {
+  const void* p;
+  std::size_t bytes;
+  bool write;
+};
+
+/// The simulated device and the checker. One per test; `scope` makes it current.
+class world {
+ public:
+  explicit world(std::uint64_t seed, int devices = 1) : gen_(seed), devices_(devices) {
+    exec_ = std::thread([this] { run(); });
+  }
+  world(const world&) = delete;
+  world& operator=(const world&) = delete;
+  ~world() {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    exec_.join();
+  }
+
+  static world*& current() {
+    static world* w = nullptr;
+    return w;
+  }
+
+  /// Makes this thread the host thread of `rank` (each rank thread calls it first).
+  void attach(int rank) {
+    std::lock_guard<std::mutex> l(m_);
+    host_of_this_thread(rank);
+  }
+
+  /// A new stream owned by the calling thread's rank.
+  cudaStream_t create_stream() {
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    auto s = std::make_unique<stream_obj>();
+    s->actor = new_actor("stream of rank " + std::to_string(rank_of_[static_cast<std::size_t>(h)]));
+    s->rank = rank_of_[static_cast<std::size_t>(h)];
+    s->clock = clock_[static_cast<std::size_t>(h)];
+    stream_obj* raw = s.get();
+    streams_.push_back(std::move(s));
+    return reinterpret_cast<cudaStream_t>(raw);
+  }
+
+  /// Every violation seen so far.
+  std::vector<std::string> violations() const {
+    std::lock_guard<std::mutex> l(m_);
+    return violations_;
+  }
+  /// Ops executed so far (a test can check that the executor ran at all).
+  std::uint64_t executed() const {
+    std::lock_guard<std::mutex> l(m_);
+    return executed_;
+  }
+
+  /// Joins the clocks of `ranks` host threads at a rendezvous (a barrier or allgather
+  /// of the group): each leaves knowing everything any of them had done.
+  void rendezvous_enter(vclock& acc) {
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    tick(h);
+    join(acc, clock_[static_cast<std::size_t>(h)]);
+  }
+  void rendezvous_leave(const vclock& acc) {
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    join(clock_[static_cast<std::size_t>(h)], acc);
+    tick(h);
+  }
+
+  // ---- the runtime calls (sim::runtime forwards here) ----
+
+  cudaError_t malloc(void** p, std::size_t bytes, bool device) {
+    if (bytes > (std::size_t{1} << 32)) return cudaErrorMemoryAllocation;
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    tick(h);
+    auto a = std::make_unique<allocation>();
+    a->id = static_cast<int>(allocs_.size()) + 1;
+    a->owner = h;
+    a->device = device;
+    a->bytes = bytes == 0 ? 1 : bytes;
+    a->mem.reset(new std::byte[a->bytes + 256]);
+    const auto addr = reinterpret_cast<std::uintptr_t>(a->mem.get());
+    a->base = a->mem.get() + ((256 - addr % 256) % 256);
+    std::memset(a->base, 0xA5, a->bytes);  // uninitialized memory is not zero
+    *p = a->base;
+    by_addr_[reinterpret_cast<std::uintptr_t>(a->base)] = a.get();
+    allocs_.push_back(std::move(a));
+    return cudaSuccess;
+  }
+
+  cudaError_t free(void* p, bool device) {
+    if (p == nullptr) return cudaSuccess;
+    std::unique_lock<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    auto it = by_addr_.find(reinterpret_cast<std::uintptr_t>(p));
+    if (it == by_addr_.end() || it->second->freed || it->second->device != device) {
+      report(h, "frees a pointer that is not a live allocation of this kind");
+      return cudaErrorInvalidValue;
+    }
+    allocation& a = *it->second;
+    // cudaFree / cudaFreeHost synchronize the freeing process's device work.
+    const int rank = rank_of_[static_cast<std::size_t>(h)];
+    cv_.wait(l, [&] {
+      for (auto& s : streams_)
+        if (s->rank == rank && s->done != s->enqueued) return false;
+      return true;
+    });
+    for (auto& s : streams_)
+      if (s->rank == rank) join(clock_[static_cast<std::size_t>(h)], s->clock);
+    tick(h);
+    const vclock& now = clock_[static_cast<std::size_t>(h)];
+    for (const mapping& m : a.mappings) {
+      if (!m.closed)
+        report(h, "frees allocation #" + std::to_string(a.id) + " while " + who(m.actor) +
+                      " still has it mapped (cudaIpcCloseMemHandle not called before the free)");
+      else if (!knows(now, m.actor, m.close_time))
+        report(h, "frees allocation #" + std::to_string(a.id) + " with no ordering after " + who(m.actor) +
+                      "'s cudaIpcCloseMemHandle of it");
+    }
+    for (const access& x : a.log)
+      if (!knows(now, x.actor, x.time))
+        report(h, "frees allocation #" + std::to_string(a.id) + " while " + x.what + " by " + who(x.actor) +
+                      " may still run (not ordered before the free)");
+    a.freed = true;
+    a.log.clear();
+    return cudaSuccess;
+  }
+
+  cudaError_t pointer_attributes(cudaPointerAttributes* out, const void* p) {
+    std::lock_guard<std::mutex> l(m_);
+    *out = cudaPointerAttributes{};
+    allocation* a = find(p);
+    if (a == nullptr || a->freed) {
+      out->type = cudaMemoryTypeUnregistered;
+    } else {
+      out->type = a->device ? cudaMemoryTypeDevice : cudaMemoryTypeHost;
+      out->devicePointer = const_cast<void*>(p);
+    }
+    return cudaSuccess;
+  }
+
+  cudaError_t event_create(cudaEvent_t* e, unsigned flags) {
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    tick(h);
+    auto ev = std::make_unique<event_obj>();
+    ev->id = static_cast<int>(events_.size()) + 1;
+    ev->owner = h;
+    ev->interprocess = (flags & cudaEventInterprocess) != 0;
+    auto ref = std::make_unique<event_ref>();
+    ref->target = ev.get();
+    ref->actor = h;
+    *e = reinterpret_cast<cudaEvent_t>(ref.get());
+    events_.push_back(std::move(ev));
+    refs_.push_back(std::move(ref));
+    return cudaSuccess;
+  }
+
+  cudaError_t event_destroy(cudaEvent_t e) {
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    tick(h);
+    event_ref* r = ref_of(e, h, "cudaEventDestroy");
+    if (r == nullptr) return cudaErrorInvalidResourceHandle;
+    r->destroyed = true;
+    event_obj& ev = *r->target;
+    if (r->imported) {  // closing an import
+      for (mapping& m : ev.imports)
+        if (m.actor == h && !m.closed) {
+          m.closed = true;
+          m.close_time = clock_[static_cast<std::size_t>(h)][static_cast<std::size_t>(h)];
+        }
+      return cudaSuccess;
+    }
+    const vclock& now = clock_[static_cast<std::size_t>(h)];
+    for (const mapping& m : ev.imports) {
+      if (!m.closed)
+        report(h, "destroys exported event #" + std::to_string(ev.id) + " while " + who(m.actor) +
+                      " still holds its import (not destroyed before)");
+      else if (!knows(now, m.actor, m.close_time))
+        report(h, "destroys exported event #" + std::to_string(ev.id) + " with no ordering after " + who(m.actor) +
+                      " closed its import");
+    }
+    ev.destroyed = true;
+    return cudaSuccess;
+  }
+
+  cudaError_t event_record(cudaEvent_t e, cudaStream_t s) {
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    event_ref* r = ref_of(e, h, "cudaEventRecord");
+    if (r == nullptr) return cudaErrorInvalidResourceHandle;
+    stream_obj& st = stream_of(s, h);
+    enqueue_clock(st, h);
+    event_obj& ev = *r->target;
+    ev.records += 1;
+    ev.completed.push_back(0);
+    ev.at_last_record = st.clock;
+    op o;
+    o.k = op::record;
+    o.ev = &ev;
+    o.rec = ev.records;
+    push(st, std::move(o));
+    return cudaSuccess;
+  }
+
+  cudaError_t event_query(cudaEvent_t e) {
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    event_ref* r = ref_of(e, h, "cudaEventQuery");
+    if (r == nullptr) return cudaErrorInvalidResourceHandle;
+    event_obj& ev = *r->target;
+    if (!ev.completed[ev.records]) return cudaErrorNotReady;
+    join(clock_[static_cast<std::size_t>(h)], ev.at_last_record);
+    tick(h);
+    return cudaSuccess;
+  }
+
+  cudaError_t event_synchronize(cudaEvent_t e) {
+    std::unique_lock<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    event_ref* r = ref_of(e, h, "cudaEventSynchronize");
+    if (r == nullptr) return cudaErrorInvalidResourceHandle;
+    event_obj& ev = *r->target;
+    const std::uint64_t k = ev.records;
+    const vclock c = ev.at_last_record;
+    cv_.wait(l, [&] { return ev.completed[k] != 0; });
+    join(clock_[static_cast<std::size_t>(h)], c);
+    tick(h);
+    return cudaSuccess;
+  }
+
+  cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t e) {
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    event_ref* r = ref_of(e, h, "cudaStreamWaitEvent");
+    if (r == nullptr) return cudaErrorInvalidResourceHandle;
+    stream_obj& st = stream_of(s, h);
+    enqueue_clock(st, h);
+    event_obj& ev = *r->target;
+    join(st.clock, ev.at_last_record);
+    op o;
+    o.k = op::wait;
+    o.ev = &ev;
+    o.rec = ev.records;
+    push(st, std::move(o));
+    return cudaSuccess;
+  }
+
+  cudaError_t stream_synchronize(cudaStream_t s) {
+    std::unique_lock<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    stream_obj& st = stream_of(s, h);
+    const std::uint64_t target = st.enqueued;
+    cv_.wait(l, [&] { return st.done >= target; });
+    join(clock_[static_cast<std::size_t>(h)], st.clock);
+    tick(h);
+    return cudaSuccess;
+  }
+
+  /// Enqueues `fn` on stream s; `ranges` are the bytes it reads and writes, checked now.
+  void launch(cudaStream_t s, std::span<const range> ranges, const std::string& what, std::function<void()> fn) {
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    stream_obj& st = stream_of(s, h);
+    enqueue_clock(st, h);
+    for (const range& rg : ranges) check(st, rg, what);
+    op o;
+    o.k = op::task;
+    o.fn = std::move(fn);
+    push(st, std::move(o));
+  }
+
+  cudaError_t ipc_get_mem_handle(cudaIpcMemHandle_t* hd, void* p) {
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    auto it = by_addr_.find(reinterpret_cast<std::uintptr_t>(p));
+    if (it == by_addr_.end() || it->second->freed || !it->second->device) {
+      report(h, "cudaIpcGetMemHandle of a pointer that is not a live device allocation");
+      return cudaErrorInvalidValue;
+    }
+    *hd = cudaIpcMemHandle_t{};
+    std::memcpy(hd->reserved, &it->second->id, sizeof(int));
+    return cudaSuccess;
+  }
+
+  cudaError_t ipc_open_mem_handle(void** p, cudaIpcMemHandle_t hd) {
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    tick(h);
+    int id = 0;
+    std::memcpy(&id, hd.reserved, sizeof(int));
+    if (id < 1 || static_cast<std::size_t>(id) > allocs_.size()) return cudaErrorInvalidValue;
+    allocation& a = *allocs_[static_cast<std::size_t>(id) - 1];
+    if (a.freed) {
+      report(h, "opens the IPC handle of allocation #" + std::to_string(id) + ", freed by its owner");
+      return cudaErrorInvalidValue;
+    }
+    if (rank_of_[static_cast<std::size_t>(a.owner)] == rank_of_[static_cast<std::size_t>(h)])
+      return cudaErrorInvalidValue;  // CUDA refuses to import into the exporting process
+    for (mapping& m : a.mappings)
+      if (m.actor == h && !m.closed) {
+        ++m.opened;
+        *p = a.base;
+        return cudaSuccess;
+      }
+    a.mappings.push_back(mapping{h, 1, false, 0});
+    *p = a.base;
+    return cudaSuccess;
+  }
+
+  cudaError_t ipc_close_mem_handle(void* p) {
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    tick(h);
+    allocation* a = find(p);
+    if (a == nullptr) {
+      report(h, "cudaIpcCloseMemHandle of an unknown pointer");
+      return cudaErrorInvalidValue;
+    }
+    // The importer's own device work must be done with the memory before it unmaps it.
+    const vclock& now = clock_[static_cast<std::size_t>(h)];
+    const int rank = rank_of_[static_cast<std::size_t>(h)];
+    for (const access& x : a->log)
+      if (rank_of_[static_cast<std::size_t>(x.actor)] == rank && !knows(now, x.actor, x.time))
+        report(h, "closes its mapping of allocation #" + std::to_string(a->id) + " while its own " + x.what +
+                      " may still run");
+    for (mapping& m : a->mappings)
+      if (m.actor == h && !m.closed) {
+        if (--m.opened == 0) {
+          m.closed = true;
+          m.close_time = now[static_cast<std::size_t>(h)];
+        }
+        return cudaSuccess;
+      }
+    report(h, "cudaIpcCloseMemHandle of a mapping it does not hold");
+    return cudaErrorInvalidValue;
+  }
+
+  cudaError_t ipc_get_event_handle(cudaIpcEventHandle_t* hd, cudaEvent_t e) {
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    event_ref* r = ref_of(e, h, "cudaIpcGetEventHandle");
+    if (r == nullptr || !r->target->interprocess) return cudaErrorInvalidResourceHandle;
+    *hd = cudaIpcEventHandle_t{};
+    std::memcpy(hd->reserved, &r->target->id, sizeof(int));
+    return cudaSuccess;
+  }
+
+  cudaError_t ipc_open_event_handle(cudaEvent_t* e, cudaIpcEventHandle_t hd) {
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    tick(h);
+    int id = 0;
+    std::memcpy(&id, hd.reserved, sizeof(int));
+    if (id < 1 || static_cast<std::size_t>(id) > events_.size()) return cudaErrorInvalidResourceHandle;
+    event_obj& ev = *events_[static_cast<std::size_t>(id) - 1];
+    if (ev.destroyed) {
+      report(h, "opens the IPC handle of event #" + std::to_string(id) + ", destroyed by its owner");
+      return cudaErrorInvalidResourceHandle;
+    }
+    auto ref = std::make_unique<event_ref>();
+    ref->target = &ev;
+    ref->actor = h;
+    ref->imported = true;
+    ev.imports.push_back(mapping{h, 1, false, 0});
+    *e = reinterpret_cast<cudaEvent_t>(ref.get());
+    refs_.push_back(std::move(ref));
+    return cudaSuccess;
+  }
+
+  cudaError_t get_device(int* d) {
+    *d = device_of_thread();
+    return cudaSuccess;
+  }
+  cudaError_t set_device(int d) {
+    if (d < 0 || d >= devices_) return cudaErrorInvalidDevice;
+    device_of_thread() = d;
+    return cudaSuccess;
+  }
+
+ private:
+  static int& device_of_thread() {
+    thread_local int d = 0;
+    return d;
+  }
+  struct thread_identity {
+    std::uint64_t world = 0;  // world::serial_ of the world the actor belongs to
+    int actor = -1;
+  };
+  static std::uint64_t next_serial() {
+    static std::atomic<std::uint64_t> n{0};
+    return ++n;
+  }
+  static thread_identity& identity() {
+    thread_local thread_identity t;
+    return t;
+  }
+
+  int new_actor(std::string name) {
+    const int a = static_cast<int>(names_.size());
+    names_.push_back(std::move(name));
+    clock_.emplace_back(static_cast<std::size_t>(a) + 1, 0);
+    rank_of_.push_back(-1);
+    return a;
+  }
+  // The calling thread's host actor (registered on first use, as rank `rank` or -1).
+  int host_of_this_thread(int rank = -1) {
+    thread_identity& t = identity();
+    if (t.world != serial_ || t.actor < 0) {
+      t.world = serial_;
+      t.actor = new_actor("rank " + std::to_string(rank) + " (host)");
+      rank_of_[static_cast<std::size_t>(t.actor)] = rank;
+    } else if (rank >= 0) {
+      rank_of_[static_cast<std::size_t>(t.actor)] = rank;
+      names_[static_cast<std::size_t>(t.actor)] = "rank " + std::to_string(rank) + " (host)";
+    }
+    return t.actor;
+  }
+  void tick(int actor) {
+    vclock& c = clock_[static_cast<std::size_t>(actor)];
+    if (c.size() <= static_cast<std::size_t>(actor)) c.resize(static_cast<std::size_t>(actor) + 1, 0);
+    ++c[static_cast<std::size_t>(actor)];
+  }
+  std::string who(int actor) const { return names_[static_cast<std::size_t>(actor)]; }
+  void report(int actor, const std::string& what) { violations_.push_back(who(actor) + " " + what); }
+
+  stream_obj& stream_of(cudaStream_t s, int h) {
+    if (s != nullptr) return *reinterpret_cast<stream_obj*>(s);
+    // The legacy default stream: one per rank.
+    const int rank = rank_of_[static_cast<std::size_t>(h)];
+    auto it = null_stream_.find(rank);
+    if (it != null_stream_.end()) return *it->second;
+    auto st = std::make_unique<stream_obj>();
+    st->actor = new_actor("default stream of rank " + std::to_string(rank));
+    st->rank = rank;
+    stream_obj* raw = st.get();
+    streams_.push_back(std::move(st));
+    null_stream_[rank] = raw;
+    return *raw;
+  }
+  event_ref* ref_of(cudaEvent_t e, int h, const char* call) {
+    auto* r = reinterpret_cast<event_ref*>(e);
+    if (r == nullptr) {
+      report(h, std::string(call) + " on a null event");
+      return nullptr;
+    }
+    if (r->destroyed) {
+      report(h, std::string(call) + " on an event handle it destroyed");
+      return nullptr;
+    }
+    if (r->imported && r->target->destroyed) {
+      report(h, std::string(call) + " on an imported event whose exporter destroyed it");
+      return nullptr;
+    }
+    return r;
+  }
+  // Work enqueued by host thread h on st is ordered after everything h has done.
+  void enqueue_clock(stream_obj& st, int h) {
+    tick(h);
+    join(st.clock, clock_[static_cast<std::size_t>(h)]);
+    if (st.clock.size() <= static_cast<std::size_t>(st.actor)) st.clock.resize(static_cast<std::size_t>(st.actor) + 1, 0);
+    ++st.clock[static_cast<std::size_t>(st.actor)];
+  }
+  void push(stream_obj& st, op o) {
+    st.q.push_back(std::move(o));
+    ++st.enqueued;
+    cv_.notify_all();
+  }
+  allocation* find(const void* p) {
+    const auto x = reinterpret_cast<std::uintptr_t>(p);
+    auto it = by_addr_.upper_bound(x);
+    if (it == by_addr_.begin()) return nullptr;
+    --it;
+    allocation* a = it->second;
+    if (x >= reinterpret_cast<std::uintptr_t>(a->base) + a->bytes) return nullptr;
+    return a;
+  }
+  // Checks one access of an op enqueued on st (its clock is the op's) and logs it.
+  void check(stream_obj& st, const range& rg, const std::string& what) {
+    if (rg.bytes == 0) return;
+    allocation* a = find(rg.p);
+    if (a == nullptr) return;  // pageable host memory: not tracked
+    const std::string desc = what + (rg.write ? " (write)" : " (read)");
+    if (a->freed) {
+      report(st.actor, desc + " touches allocation #" + std::to_string(a->id) + " after it was freed");
+      return;
+    }
+    const std::size_t lo = static_cast<std::size_t>(static_cast<const std::byte*>(rg.p) - a->base);
+    const std::size_t hi = lo + rg.bytes;
+    if (hi > a->bytes) {
+      report(st.actor, desc + " runs past the end of allocation #" + std::to_string(a->id) + " (" +
+                           std::to_string(hi) + " > " + std::to_string(a->bytes) + " bytes)");
+      return;
+    }
+    const vclock& c = st.clock;
+    for (const access& x : a->log) {
+      if (x.hi <= lo || hi <= x.lo || !(x.write || rg.write)) continue;
+      if (!knows(c, x.actor, x.time))
+        report(st.actor, desc + " of bytes [" + std::to_string(lo) + ", " + std::to_string(hi) + ") of allocation #" +
+                             std::to_string(a->id) + " is not ordered after " + x.what + " by " + who(x.actor) +
+                             " of bytes [" + std::to_string(x.lo) + ", " + std::to_string(x.hi) + ")");
+    }
+    access now{lo, hi, rg.write, st.actor, c[static_cast<std::size_t>(st.actor)], desc};
+    // An earlier access ordered before this one and inside its range adds nothing that
+    // this one does not check (a read cannot stand in for a write).
+    std::erase_if(a->log, [&](const access& x) {
+      return x.lo >= lo && x.hi <= hi && (now.write || !x.write) && knows(c, x.actor, x.time);
+    });
+    a->log.push_back(std::move(now));
+  }
+
+  bool runnable(const stream_obj& s) const {
+    if (s.q.empty()) return false;
+    const op& o = s.q.front();
+    return o.k != op::wait || o.ev->completed[o.rec] != 0;
+  }
+
+  void run() {
+    std::unique_lock<std::mutex> l(m_);
+    std::vector<stream_obj*> ready;
+    for (;;) {
+      ready.clear();
+      for (auto& s : streams_)
+        if (runnable(*s)) ready.push_back(s.get());
+      if (ready.empty()) {
+        if (stop_) return;
+        cv_.wait(l);
+        continue;
+      }
+      // Now and then let the host threads enqueue more before anything runs, so that
+      // ops of later calls meet those of earlier ones in the queues.
+      if (gen_() % 4 == 0) {
+        l.unlock();
+        std::this_thread::sleep_for(std::chrono::microseconds(gen_() % 200));
+        l.lock();
+        continue;
+      }
+      stream_obj* s = ready[gen_() % ready.size()];
+      op o = std::move(s->q.front());
+      s->q.pop_front();
+      if (o.k == op::task) {
+        l.unlock();
+        o.fn();
+        l.lock();
+      } else if (o.k == op::record) {
+        o.ev->completed[o.rec] = 1;
+      }
+      ++s->done;
+      ++executed_;
+      cv_.notify_all();
+    }
+  }
+
+  const std::uint64_t serial_ = next_serial();  // worlds may reuse an address: tell them apart
+  mutable std::mutex m_;
+  std::condition_variable cv_;
+  std::mt19937_64 gen_;
+  int devices_;
+  bool stop_ = false;
+  std::uint64_t executed_ = 0;
+  std::vector<std::string> names_;
+  std::vector<vclock> clock_;
+  std::vector<int> rank_of_;
+  std::vector<std::unique_ptr<stream_obj>> streams_;
+  std::map<int, stream_obj*> null_stream_;
+  std::vector<std::unique_ptr<allocation>> allocs_;
+  std::map<std::uintptr_t, allocation*> by_addr_;
+  std::vector<std::unique_ptr<event_obj>> events_;
+  std::vector<std::unique_ptr<event_ref>> refs_;
+  std::vector<std::string> violations_;
+  std::thread exec_;
+};
+
+/// Makes `w` the world of sim::runtime for its lifetime.
+class scope {
+ public:
+  explicit scope(world& w) { world::current() = &w; }
+  scope(const scope&) = delete;
+  scope& operator=(const scope&) = delete;
+  ~scope() { world::current() = nullptr; }
+};
+
+inline world& w() { return *world::current(); }
+
+/// Kernels of quantizer Q on the simulated device: the CUDA kernels' bodies on the host.
+template <class Q>
+struct kernels;
+
+template <int Bits, std::size_t B, class Rounding>
+struct kernels<cgx::quant::maxmin<Bits, B, Rounding>> {
+  using quantizer = cgx::quant::maxmin<Bits, B, Rounding>;
+  template <class T>
+  static constexpr std::size_t compressed_bytes(std::size_t n) noexcept {
+    return cgx::quant::wire_layout<Bits, B, cgx::quant::meta_t<T>>::bytes(n);
+  }
+  template <class T>
+  static void compress(const T* in, std::size_t n, std::byte* out, const cgx::quant::rng_state& rng = {},
+                       cudaStream_t s = nullptr) {
+    if (n == 0) return;
+    const range r[] = {{in, n * sizeof(T), false}, {out, compressed_bytes<T>(n), true}};
+    const std::uint64_t lanes_seed = rng.counter * 0x9e3779b97f4a7c15ull + rng.position;
+    w().launch(s, r, "compress", [=] {
+      cgx::quant::detail::host_compress<Bits, B, Rounding, T>(in, n, out, rng, cgx::quant::detail::lane_order::shuffled,
+                                                              lanes_seed);
+    });
+  }
+  template <class T>
+  static void decompress(const std::byte* in, std::size_t n, T* out, cudaStream_t s = nullptr) {
+    if (n == 0) return;
+    const range r[] = {{in, compressed_bytes<T>(n), false}, {out, n * sizeof(T), true}};
+    w().launch(s, r, "decompress",
+               [=] { cgx::quant::detail::host_decode<Bits, B, false, T>(in, n, out, cgx::quant::detail::lane_order::descending); });
+  }
+  template <class T>
+  static void decompress_add(const std::byte* in, std::size_t n, T* out, cudaStream_t s = nullptr) {
+    if (n == 0) return;
+    const range r[] = {{in, compressed_bytes<T>(n), false}, {out, n * sizeof(T), true}};
+    w().launch(s, r, "decompress_add",
+               [=] { cgx::quant::detail::host_decode<Bits, B, true, T>(in, n, out, cgx::quant::detail::lane_order::ascending); });
+  }
+};
+
+/// The simulated runtime policy (cgx/comm/runtime.cuh) over world::current().
+struct runtime {
+  template <class Q>
+  using kernels = sim::kernels<Q>;
+
+  static cudaError_t malloc(void** p, std::size_t bytes) { return w().malloc(p, bytes, true); }
+  static cudaError_t free(void* p) { return w().free(p, true); }
+  static cudaError_t host_alloc(void** p, std::size_t bytes) { return w().malloc(p, bytes, false); }
+  static cudaError_t free_host(void* p) { return w().free(p, false); }
+  static cudaError_t pointer_attributes(cudaPointerAttributes* a, const void* p) {
+    return w().pointer_attributes(a, p);
+  }
+  static cudaError_t event_create(cudaEvent_t* e, unsigned flags) { return w().event_create(e, flags); }
+  static cudaError_t event_destroy(cudaEvent_t e) { return w().event_destroy(e); }
+  static cudaError_t event_record(cudaEvent_t e, cudaStream_t s) { return w().event_record(e, s); }
+  static cudaError_t event_query(cudaEvent_t e) { return w().event_query(e); }
+  static cudaError_t event_synchronize(cudaEvent_t e) { return w().event_synchronize(e); }
+  static cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t e) { return w().stream_wait_event(s, e); }
+  static cudaError_t stream_synchronize(cudaStream_t s) { return w().stream_synchronize(s); }
+  static cudaError_t memcpy_async(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind, cudaStream_t s) {
+    if (bytes == 0) return cudaSuccess;
+    const range r[] = {{src, bytes, false}, {dst, bytes, true}};
+    w().launch(s, r, "cudaMemcpyAsync", [=] { std::memcpy(dst, src, bytes); });
+    return cudaSuccess;
+  }
+  static cudaError_t get_device(int* d) { return w().get_device(d); }
+  static cudaError_t set_device(int d) { return w().set_device(d); }
+  static cudaError_t get_last_error() { return cudaSuccess; }
+  static const char* error_name(cudaError_t) { return "simulated CUDA error"; }
+  static const char* error_string(cudaError_t) { return "an error of the simulated runtime"; }
+  static cudaError_t ipc_get_mem_handle(cudaIpcMemHandle_t* h, void* p) { return w().ipc_get_mem_handle(h, p); }
+  static cudaError_t ipc_open_mem_handle(void** p, cudaIpcMemHandle_t h, unsigned) {
+    return w().ipc_open_mem_handle(p, h);
+  }
+  static cudaError_t ipc_close_mem_handle(void* p) { return w().ipc_close_mem_handle(p); }
+  static cudaError_t ipc_get_event_handle(cudaIpcEventHandle_t* h, cudaEvent_t e) {
+    return w().ipc_get_event_handle(h, e);
+  }
+  static cudaError_t ipc_open_event_handle(cudaEvent_t* e, cudaIpcEventHandle_t h) {
+    return w().ipc_open_event_handle(e, h);
+  }
+};
+
+/// The shared state of a group of thread-ranks (sim::thread_bootstrap).
+struct group {
+  explicit group(int ranks) : p(ranks) {}
+  int p;
+  std::mutex m;
+  std::condition_variable cv;
+  int arrived = 0;
+  std::uint64_t generation = 0;
+  vclock acc, result;
+  std::vector<std::byte> blobs, out;
+};
+
+/// comm::bootstrap over threads of one process: allgather and barrier are rendezvous
+/// that also join the ranks' clocks in the world (what a real barrier guarantees).
+class thread_bootstrap {
+ public:
+  thread_bootstrap(std::shared_ptr<group> g, int rank) : g_(std::move(g)), rank_(rank) {}
+  int rank() const { return rank_; }
+  int size() const { return g_->p; }
+  void allgather(std::span<const std::byte> mine, std::span<std::byte> all) {
+    const std::size_t m = mine.size();
+    std::unique_lock<std::mutex> l(g_->m);
+    const std::uint64_t gen = g_->generation;
+    if (g_->arrived == 0) {
+      g_->acc.clear();
+      g_->blobs.assign(m * static_cast<std::size_t>(g_->p), std::byte{0});
+    }
+    w().rendezvous_enter(g_->acc);
+    if (m != 0) std::memcpy(g_->blobs.data() + m * static_cast<std::size_t>(rank_), mine.data(), m);
+    if (++g_->arrived == g_->p) {
+      g_->result = g_->acc;
+      g_->out = g_->blobs;
+      g_->arrived = 0;
+      ++g_->generation;
+      g_->cv.notify_all();
+    } else {
+      g_->cv.wait(l, [&] { return g_->generation != gen; });
+    }
+    w().rendezvous_leave(g_->result);
+    if (!all.empty()) std::memcpy(all.data(), g_->out.data(), all.size());
+  }
+  void barrier() { allgather({}, {}); }
+  bool same_node() { return true; }
+
+ private:
+  std::shared_ptr<group> g_;
+  int rank_;
+};
+
+}  // namespace sim

@@ -1,0 +1,244 @@
+// The device transports and schedules on a simulated CUDA runtime (issue 19): no GPU.
+// comm::basic_cuda_ipc<sim::runtime>, comm::device_sra / device_ring over it and
+// device_allreduce_plan run unchanged, with the CUDA kernels' bodies on the host, over
+// thread-ranks; sim_runtime.hpp's checker reports every pair of device accesses that
+// the streams, events and barriers leave unordered, and every teardown step out of
+// CUDA IPC's order. Each scenario runs under several executor seeds (interleavings).
+#include <doctest/doctest.h>
+
+#include "sim_runtime.hpp"
+
+#include <cgx/allreduce_plan.hpp>
+#include <cgx/comm/cuda_ipc.cuh>
+#include <cgx/comm/device_ring.cuh>
+#include <cgx/comm/device_sra.cuh>
+#include <cgx/device_plan.cuh>
+
+#include "gpu/thread_transport.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using sim_ipc = cgx::comm::basic_cuda_ipc<sim::runtime>;
+using Q = cgx::quant::maxmin<4, 256, cgx::quant::stochastic>;
+
+/// Runs body(rank) on p threads, each attached to the world as that rank; rethrows the
+/// first exception.
+void on_ranks(sim::world& w, int p, const std::function<void(int)>& body) {
+  std::vector<std::thread> t;
+  std::vector<std::exception_ptr> err(static_cast<std::size_t>(p));
+  for (int r = 0; r < p; ++r)
+    t.emplace_back([&, r] {
+      w.attach(r);
+      try {
+        body(r);
+      } catch (...) {
+        err[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& x : t) x.join();
+  for (auto& e : err)
+    if (e) std::rethrow_exception(e);
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (std::size_t i = 0; i < v.size() && i < 12; ++i) s += "  " + v[i] + "\n";
+  if (v.size() > 12) s += "  ... " + std::to_string(v.size() - 12) + " more\n";
+  return s;
+}
+
+std::vector<float> input(int rank, std::size_t n, int call) {
+  std::mt19937 g(static_cast<unsigned>(1000 * rank + 17 * call + 5));
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g) + 0.25f * static_cast<float>(rank);
+  return v;
+}
+
+/// The counts of the calls of a scenario: full, cut mid-bucket, tiny, full again.
+std::vector<std::size_t> counts(std::size_t max_n) { return {max_n, max_n / 2 + 37, 5, max_n}; }
+
+/// What the host plan (R over the thread transport) returns for the same calls: the
+/// bits the device schedule must reproduce.
+template <class R>
+std::vector<std::vector<std::vector<float>>> host_results(int p, std::size_t max_n) {
+  auto g = std::make_shared<gpu_test::thread_group>(p);
+  std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(p));
+  std::vector<std::thread> t;
+  for (int r = 0; r < p; ++r)
+    t.emplace_back([&, r] {
+      cgx::plan_options o;
+      o.native_below_bytes = 0;
+      cgx::allreduce_plan<float, Q, R, gpu_test::thread_transport> plan{gpu_test::thread_transport(g, r), max_n, o};
+      int call = 0;
+      for (const std::size_t n : counts(max_n)) {
+        auto v = input(r, n, call++);
+        plan(v.data(), n);
+        out[static_cast<std::size_t>(r)].push_back(std::move(v));
+      }
+    });
+  for (auto& x : t) x.join();
+  return out;
+}
+
+/// One rank's calls of device_allreduce_plan<float, Q, R, sim_ipc>, alternating between
+/// two streams, each with its own device buffer, and no host wait between calls: call k
+/// on one stream may run while call k - 1's work on the other is still queued, and only
+/// the transport's ordering keeps them from sharing workspace bytes unordered.
+template <class R>
+std::vector<std::vector<float>> device_calls(std::shared_ptr<sim::group> g, int r, std::size_t max_n) {
+  using X = sim_ipc;
+  cgx::plan_options o;
+  o.native_below_bytes = 0;
+  cgx::device_allreduce_plan<float, Q, R, X> plan{X{sim::thread_bootstrap(g, r)}, max_n, o};
+  cudaStream_t s[2] = {sim::w().create_stream(), sim::w().create_stream()};
+  float* d[2] = {};
+  for (auto& x : d) {
+    void* mem = nullptr;
+    REQUIRE(sim::runtime::malloc(&mem, max_n * sizeof(float)) == cudaSuccess);
+    x = static_cast<float*>(mem);
+  }
+  std::vector<std::vector<float>> out;
+  out.reserve(counts(max_n).size());
+  int call = 0;
+  for (const std::size_t n : counts(max_n)) {
+    const int k = call % 2;
+    out.push_back(input(r, n, call++));
+    auto& v = out.back();
+    sim::runtime::memcpy_async(d[k], v.data(), n * sizeof(float), cudaMemcpyHostToDevice, s[k]);
+    plan(d[k], n, s[k]);
+    sim::runtime::memcpy_async(v.data(), d[k], n * sizeof(float), cudaMemcpyDeviceToHost, s[k]);
+  }
+  for (cudaStream_t x : s) sim::runtime::stream_synchronize(x);
+  for (float* x : d) REQUIRE(sim::runtime::free(x) == cudaSuccess);
+  return out;
+}
+
+template <class R>
+void check_schedule(int p, std::size_t max_n, std::uint64_t seed) {
+  CAPTURE(p);
+  CAPTURE(max_n);
+  CAPTURE(seed);
+  const auto want = host_results<R>(p, max_n);
+  sim::world w(seed);
+  sim::scope use(w);
+  auto g = std::make_shared<sim::group>(p);
+  std::vector<std::vector<std::vector<float>>> got(static_cast<std::size_t>(p));
+  on_ranks(w, p, [&](int r) { got[static_cast<std::size_t>(r)] = device_calls<R>(g, r, max_n); });
+  const auto v = w.violations();
+  INFO("violations:\n" << joined(v));
+  CHECK(v.empty());
+  CHECK(w.executed() > 0);
+  for (int r = 0; r < p; ++r)
+    for (std::size_t c = 0; c < want[0].size(); ++c) {
+      const auto& a = got[static_cast<std::size_t>(r)][c];
+      const auto& b = want[static_cast<std::size_t>(r)][c];
+      REQUIRE(a.size() == b.size());
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < a.size(); ++i)
+        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) ++bad;
+      CAPTURE(r);
+      CAPTURE(c);
+      CHECK_MESSAGE(bad == 0, bad << " of " << a.size() << " values differ from the host plan's");
+    }
+}
+
+}  // namespace
+
+TEST_CASE("sim checker: unordered accesses of two streams are violations; an event wait orders them") {
+  for (const bool ordered : {false, true}) {
+    sim::world w(7);
+    sim::scope use(w);
+    w.attach(0);
+    cudaStream_t s1 = w.create_stream(), s2 = w.create_stream();
+    void* p = nullptr;
+    REQUIRE(sim::runtime::malloc(&p, 1024) == cudaSuccess);
+    std::vector<std::byte> host(1024, std::byte{1});
+    sim::runtime::memcpy_async(p, host.data(), 1024, cudaMemcpyHostToDevice, s1);
+    cudaEvent_t e{};
+    REQUIRE(sim::runtime::event_create(&e, cudaEventDisableTiming) == cudaSuccess);
+    sim::runtime::event_record(e, s1);
+    if (ordered) sim::runtime::stream_wait_event(s2, e);
+    sim::runtime::memcpy_async(host.data(), static_cast<std::byte*>(p) + 512, 256, cudaMemcpyDeviceToHost, s2);
+    sim::runtime::stream_synchronize(s1);
+    sim::runtime::stream_synchronize(s2);
+    sim::runtime::event_destroy(e);
+    sim::runtime::free(p);
+    CAPTURE(ordered);
+    CHECK(w.violations().empty() == ordered);
+  }
+}
+
+TEST_CASE("sim checker: an exported allocation freed before the importer closes it is a violation") {
+  for (const bool close_first : {false, true}) {
+    sim::world w(9);
+    sim::scope use(w);
+    auto g = std::make_shared<sim::group>(2);
+    on_ranks(w, 2, [&](int r) {
+      sim::thread_bootstrap b(g, r);
+      void* mine = nullptr;
+      REQUIRE(sim::runtime::malloc(&mine, 256) == cudaSuccess);
+      cudaIpcMemHandle_t h{};
+      REQUIRE(sim::runtime::ipc_get_mem_handle(&h, mine) == cudaSuccess);
+      std::vector<cudaIpcMemHandle_t> all(2);
+      b.allgather(std::as_bytes(std::span(&h, 1)), std::as_writable_bytes(std::span(all)));
+      void* peer = nullptr;
+      REQUIRE(sim::runtime::ipc_open_mem_handle(&peer, all[static_cast<std::size_t>(1 - r)], 0) == cudaSuccess);
+      if (close_first) sim::runtime::ipc_close_mem_handle(peer);
+      b.barrier();
+      sim::runtime::free(mine);
+      if (!close_first) sim::runtime::ipc_close_mem_handle(peer);
+    });
+    CAPTURE(close_first);
+    CHECK(w.violations().empty() == close_first);
+  }
+}
+
+TEST_CASE("device SRA over CUDA IPC on the simulated runtime: the host plan's bits, no unordered access") {
+  for (const int p : {2, 3, 4})
+    for (const std::uint64_t seed : {1u, 2u})
+      check_schedule<cgx::comm::scatter_reduce_allgather>(p, p == 3 ? 3000 : 2048 + 100, seed);
+}
+
+TEST_CASE("device ring over CUDA IPC on the simulated runtime: the host plan's bits, no unordered access") {
+  for (const int p : {2, 3, 4})
+    for (const std::uint64_t seed : {3u, 4u}) check_schedule<cgx::comm::ring>(p, p == 3 ? 3000 : 2048 + 100, seed);
+}
+
+TEST_CASE("cuda_ipc on the simulated runtime: a workspace replaced by reserve() and the teardown follow CUDA IPC's order") {
+  for (const std::uint64_t seed : {5u, 6u, 7u}) {
+    sim::world w(seed);
+    sim::scope use(w);
+    const int p = 3;
+    auto g = std::make_shared<sim::group>(p);
+    on_ranks(w, p, [&](int r) {
+      sim_ipc x{sim::thread_bootstrap(g, r)};
+      cgx::comm::device_sra<float, Q, sim_ipc> sra;
+      cudaStream_t s = sim::w().create_stream();
+      void* mem = nullptr;
+      const std::size_t n = 4096;
+      REQUIRE(sim::runtime::malloc(&mem, n * sizeof(float)) == cudaSuccess);
+      auto* d = static_cast<float*>(mem);
+      auto v = input(r, n, 0);
+      sim::runtime::memcpy_async(d, v.data(), n * sizeof(float), cudaMemcpyHostToDevice, s);
+      const cgx::quant::rng_state rng{};
+      std::byte* ws = x.reserve(sra.workspace_bytes(n / 2, p));
+      sra.run(d, n / 2, n / 2, x, ws, rng, s);
+      ws = x.reserve(sra.workspace_bytes(n, p));  // the old one is released while in use by peers
+      sra.run(d, n, n, x, ws, rng, s);
+      sim::runtime::stream_synchronize(s);
+      sim::runtime::free(mem);
+    });
+    const auto v = w.violations();
+    INFO("violations:\n" << joined(v));
+    CHECK(v.empty());
+  }
+}
