@@ -400,11 +400,20 @@ class world {
     const int h = host_of_this_thread();
     stream_obj& st = stream_of(s, h);
     enqueue_clock(st, h);
-    for (const range& rg : ranges) check(st, rg, what);
+    for (const range& rg : ranges) check(st.actor, st.clock, rg, what);
     op o;
     o.k = op::task;
     o.fn = std::move(fn);
     push(st, std::move(o));
+  }
+
+  /// An access of the calling host thread to simulated memory (a host transport reading
+  /// or writing device or pinned memory), checked like a stream op's.
+  void host_access(const void* p, std::size_t bytes, bool write, const std::string& what) {
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    tick(h);
+    check(h, clock_[static_cast<std::size_t>(h)], range{p, bytes, write}, what);
   }
 
   cudaError_t ipc_get_mem_handle(cudaIpcMemHandle_t* hd, void* p) {
@@ -612,32 +621,31 @@ class world {
     if (x >= reinterpret_cast<std::uintptr_t>(a->base) + a->bytes) return nullptr;
     return a;
   }
-  // Checks one access of an op enqueued on st (its clock is the op's) and logs it.
-  void check(stream_obj& st, const range& rg, const std::string& what) {
+  // Checks one access by `actor` whose clock is c (an op's: its stream's at enqueue) and logs it.
+  void check(int actor, const vclock& c, const range& rg, const std::string& what) {
     if (rg.bytes == 0) return;
     allocation* a = find(rg.p);
     if (a == nullptr) return;  // pageable host memory: not tracked
     const std::string desc = what + (rg.write ? " (write)" : " (read)");
     if (a->freed) {
-      report(st.actor, desc + " touches allocation #" + std::to_string(a->id) + " after it was freed");
+      report(actor, desc + " touches allocation #" + std::to_string(a->id) + " after it was freed");
       return;
     }
     const std::size_t lo = static_cast<std::size_t>(static_cast<const std::byte*>(rg.p) - a->base);
     const std::size_t hi = lo + rg.bytes;
     if (hi > a->bytes) {
-      report(st.actor, desc + " runs past the end of allocation #" + std::to_string(a->id) + " (" +
+      report(actor, desc + " runs past the end of allocation #" + std::to_string(a->id) + " (" +
                            std::to_string(hi) + " > " + std::to_string(a->bytes) + " bytes)");
       return;
     }
-    const vclock& c = st.clock;
     for (const access& x : a->log) {
       if (x.hi <= lo || hi <= x.lo || !(x.write || rg.write)) continue;
       if (!knows(c, x.actor, x.time))
-        report(st.actor, desc + " of bytes [" + std::to_string(lo) + ", " + std::to_string(hi) + ") of allocation #" +
+        report(actor, desc + " of bytes [" + std::to_string(lo) + ", " + std::to_string(hi) + ") of allocation #" +
                              std::to_string(a->id) + " is not ordered after " + x.what + " by " + who(x.actor) +
                              " of bytes [" + std::to_string(x.lo) + ", " + std::to_string(x.hi) + ")");
     }
-    access now{lo, hi, rg.write, st.actor, c[static_cast<std::size_t>(st.actor)], desc};
+    access now{lo, hi, rg.write, actor, c[static_cast<std::size_t>(actor)], desc};
     // An earlier access ordered before this one and inside its range adds nothing that
     // this one does not check (a read cannot stand in for a write).
     std::erase_if(a->log, [&](const access& x) {

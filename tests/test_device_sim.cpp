@@ -12,6 +12,7 @@
 #include <cgx/comm/cuda_ipc.cuh>
 #include <cgx/comm/device_ring.cuh>
 #include <cgx/comm/device_sra.cuh>
+#include <cgx/comm/host_device.cuh>
 #include <cgx/device_plan.cuh>
 
 #include "gpu/thread_transport.hpp"
@@ -28,6 +29,48 @@ namespace {
 
 using sim_ipc = cgx::comm::basic_cuda_ipc<sim::runtime>;
 using Q = cgx::quant::maxmin<4, 256, cgx::quant::stochastic>;
+
+/// The thread transport, with its reads and writes of simulated memory (a CUDA-aware
+/// MPI's on device memory, or any MPI's on pinned staging memory) shown to the checker.
+class sim_host_transport {
+ public:
+  using request = gpu_test::thread_transport::request;
+  sim_host_transport(std::shared_ptr<gpu_test::thread_group> g, int rank) : x_(std::move(g), rank) {}
+  int rank() const { return x_.rank(); }
+  int size() const { return x_.size(); }
+  request isend(const void* p, std::size_t bytes, int peer, int tag) {
+    sim::w().host_access(p, bytes, false, "a host transport's send");
+    return x_.isend(p, bytes, peer, tag);
+  }
+  request irecv(void* p, std::size_t bytes, int peer, int tag) { return x_.irecv(p, bytes, peer, tag); }
+  void wait_all(std::span<request> reqs) {
+    std::vector<request> recvs;
+    for (const auto& q : reqs)
+      if (q.dst != nullptr) recvs.push_back(q);
+    x_.wait_all(reqs);
+    for (const auto& q : recvs) sim::w().host_access(q.dst, q.bytes, true, "a host transport's receive");
+  }
+  void max_all(std::span<std::int64_t> v) { x_.max_all(v); }
+
+ private:
+  gpu_test::thread_transport x_;
+};
+using sim_host_device = cgx::comm::basic_host_device<sim_host_transport, sim::runtime>;
+
+/// How a scenario makes rank r's device transport.
+struct over_ipc {
+  using type = sim_ipc;
+  std::shared_ptr<sim::group> g = std::make_shared<sim::group>(4);
+  explicit over_ipc(int p) : g(std::make_shared<sim::group>(p)) {}
+  type make(int r) const { return type{sim::thread_bootstrap(g, r)}; }
+};
+struct over_host {
+  using type = sim_host_device;
+  std::shared_ptr<gpu_test::thread_group> g;
+  bool direct;
+  over_host(int p, bool d) : g(std::make_shared<gpu_test::thread_group>(p)), direct(d) {}
+  type make(int r) const { return type{sim_host_transport(g, r), direct}; }
+};
 
 /// Runs body(rank) on p threads, each attached to the world as that rank; rethrows the
 /// first exception.
@@ -93,12 +136,12 @@ std::vector<std::vector<std::vector<float>>> host_results(int p, std::size_t max
 /// two streams, each with its own device buffer, and no host wait between calls: call k
 /// on one stream may run while call k - 1's work on the other is still queued, and only
 /// the transport's ordering keeps them from sharing workspace bytes unordered.
-template <class R>
-std::vector<std::vector<float>> device_calls(std::shared_ptr<sim::group> g, int r, std::size_t max_n) {
-  using X = sim_ipc;
+template <class R, class Make>
+std::vector<std::vector<float>> device_calls(const Make& make, int r, std::size_t max_n) {
+  using X = typename Make::type;
   cgx::plan_options o;
   o.native_below_bytes = 0;
-  cgx::device_allreduce_plan<float, Q, R, X> plan{X{sim::thread_bootstrap(g, r)}, max_n, o};
+  cgx::device_allreduce_plan<float, Q, R, X> plan{make.make(r), max_n, o};
   cudaStream_t s[2] = {sim::w().create_stream(), sim::w().create_stream()};
   float* d[2] = {};
   for (auto& x : d) {
@@ -122,17 +165,16 @@ std::vector<std::vector<float>> device_calls(std::shared_ptr<sim::group> g, int 
   return out;
 }
 
-template <class R>
-void check_schedule(int p, std::size_t max_n, std::uint64_t seed) {
+template <class R, class Make>
+void check_schedule(const Make& make, int p, std::size_t max_n, std::uint64_t seed) {
   CAPTURE(p);
   CAPTURE(max_n);
   CAPTURE(seed);
   const auto want = host_results<R>(p, max_n);
   sim::world w(seed);
   sim::scope use(w);
-  auto g = std::make_shared<sim::group>(p);
   std::vector<std::vector<std::vector<float>>> got(static_cast<std::size_t>(p));
-  on_ranks(w, p, [&](int r) { got[static_cast<std::size_t>(r)] = device_calls<R>(g, r, max_n); });
+  on_ranks(w, p, [&](int r) { got[static_cast<std::size_t>(r)] = device_calls<R>(make, r, max_n); });
   const auto v = w.violations();
   INFO("violations:\n" << joined(v));
   CHECK(v.empty());
@@ -205,12 +247,22 @@ TEST_CASE("sim checker: an exported allocation freed before the importer closes 
 TEST_CASE("device SRA over CUDA IPC on the simulated runtime: the host plan's bits, no unordered access") {
   for (const int p : {2, 3, 4})
     for (const std::uint64_t seed : {1u, 2u})
-      check_schedule<cgx::comm::scatter_reduce_allgather>(p, p == 3 ? 3000 : 2048 + 100, seed);
+      check_schedule<cgx::comm::scatter_reduce_allgather>(over_ipc(p), p, p == 3 ? 3000 : 2048 + 100, seed);
 }
 
 TEST_CASE("device ring over CUDA IPC on the simulated runtime: the host plan's bits, no unordered access") {
   for (const int p : {2, 3, 4})
-    for (const std::uint64_t seed : {3u, 4u}) check_schedule<cgx::comm::ring>(p, p == 3 ? 3000 : 2048 + 100, seed);
+    for (const std::uint64_t seed : {3u, 4u})
+      check_schedule<cgx::comm::ring>(over_ipc(p), p, p == 3 ? 3000 : 2048 + 100, seed);
+}
+
+TEST_CASE("device SRA and ring over a host transport (mpi_device's code), staged and direct, on the simulated runtime") {
+  for (const bool direct : {false, true})
+    for (const int p : {2, 3, 4}) {
+      CAPTURE(direct);
+      check_schedule<cgx::comm::scatter_reduce_allgather>(over_host(p, direct), p, 2048 + 100, 10u + p);
+      check_schedule<cgx::comm::ring>(over_host(p, direct), p, 3000, 20u + p);
+    }
 }
 
 TEST_CASE("cuda_ipc on the simulated runtime: a workspace replaced by reserve() and the teardown follow CUDA IPC's order") {
