@@ -11,14 +11,19 @@
 
 set(CGX_TEST_RANKS 1 2 3 4 CACHE STRING "Rank counts the MPI tests are registered for")
 
-# No launcher to ask where MPI was not found.
-if(NOT DEFINED CGX_MPIEXEC_IS_OPENMPI AND MPIEXEC_EXECUTABLE)
+# No launcher to ask where MPI was not found. CGX_MPIEXEC_IS_HYDRA: MPICH's launcher.
+if((NOT DEFINED CGX_MPIEXEC_IS_OPENMPI OR NOT DEFINED CGX_MPIEXEC_IS_HYDRA) AND MPIEXEC_EXECUTABLE)
   execute_process(COMMAND ${MPIEXEC_EXECUTABLE} --version OUTPUT_VARIABLE _cgx_mpiexec_version
                   ERROR_VARIABLE _cgx_mpiexec_version RESULT_VARIABLE _rc)
   if(_cgx_mpiexec_version MATCHES "Open MPI|OpenRTE")
     set(CGX_MPIEXEC_IS_OPENMPI ON CACHE INTERNAL "")
   else()
     set(CGX_MPIEXEC_IS_OPENMPI OFF CACHE INTERNAL "")
+  endif()
+  if(_cgx_mpiexec_version MATCHES "HYDRA")
+    set(CGX_MPIEXEC_IS_HYDRA ON CACHE INTERNAL "")
+  else()
+    set(CGX_MPIEXEC_IS_HYDRA OFF CACHE INTERNAL "")
   endif()
 endif()
 

@@ -1,7 +1,9 @@
 // Issue 18: a rank killed in the middle of a collective call. The survivors must each throw
 // a cgx::error naming what they waited for, within the wait limit plus slack, instead of
 // waiting forever. Run with 3 or more ranks under a launcher that lets the survivors live
-// on (Open MPI: mpirun --enable-recovery; the ctest rank_killed does so).
+// on; the ctest rank_killed does so with Open MPI (mpirun --enable-recovery) and with
+// MPICH (mpiexec.mpich -disable-auto-cleanup, each rank started through
+// tests/hydra_keep_survivors.sh, which says why), and wants both survivors' PASS.
 //
 // Rank 1 is killed (SIGKILL, no cleanup, as by the OOM killer) at the moment its first
 // message of the call has arrived, through the receive hook of plan_options::verify.
