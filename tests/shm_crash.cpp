@@ -17,8 +17,9 @@
 //                                      naming it: each writes what it caught to FILE.<rank>
 //                                      and exits 0 without MPI_Finalize (run it with a
 //                                      launcher that lets survivors run: Open MPI's
-//                                      --enable-recovery; MPICH 4.0's -disable-auto-cleanup
-//                                      did not let them report)
+//                                      --enable-recovery; MPICH's -disable-auto-cleanup
+//                                      with each rank started through
+//                                      hydra_keep_survivors.sh)
 //
 // In the crash modes the launcher tears the job down; the script then checks what was
 // left in /dev/shm. Plans run their schedule at every size (no native fallback), so the

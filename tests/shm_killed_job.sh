@@ -4,8 +4,10 @@
 #   1. rank 0 killed after the segment's name was unlinked: nothing of it is left;
 #   2. rank 0 killed inside comm::shm's constructor, before it could unlink the name:
 #      the next job's constructor reclaims it (its creator is dead);
-#   3. rank 2 killed while ranks 0 and 1 wait for it inside the transport (Open MPI's
-#      launcher told to let survivors run): they throw errc::transport naming it.
+#   3. rank 2 killed while ranks 0 and 1 wait for it inside the transport (the launcher
+#      told to let survivors run: Open MPI's --enable-recovery, or MPICH's
+#      -disable-auto-cleanup with each rank started through hydra_keep_survivors.sh):
+#      they throw errc::transport naming it.
 # A launcher that times out instead of ending the killed job is a failure.
 # Usage: shm_killed_job.sh PROGRAM MPIEXEC [LAUNCHER FLAGS...]
 set -u
@@ -41,16 +43,20 @@ if [ -e "/dev/shm/$name" ]; then echo "  its segment /dev/shm/$name is still the
 timeout 60 "${launch[@]}" -n 3 "$prog" || { echo "FAIL: the job after the killed ones failed"; exit 1; }
 if [ -e "/dev/shm/$name" ]; then echo "FAIL: /dev/shm/$name of the job killed in the constructor is still there after the next job"; exit 1; fi
 
-# 3. A dead peer: the survivors must not wait forever.
-# Only Open MPI's launcher (--enable-recovery) is known to let the survivors run; under
-# MPICH 4.0's (-disable-auto-cleanup) they did not get to report: not checked there.
-if ! "${launch[0]}" --version 2>&1 | grep -q -E "Open MPI|OpenRTE"; then
+# 3. A dead peer: the survivors must not wait forever. The launchers known to let them run:
+# Open MPI's (--enable-recovery) and MPICH's hydra (-disable-auto-cleanup, each rank through
+# hydra_keep_survivors.sh, which says why); with another one this part is not checked.
+version=$("${launch[0]}" --version 2>&1)
+if echo "$version" | grep -q -E "Open MPI|OpenRTE"; then
+  keep=(--enable-recovery); rank=()
+elif echo "$version" | grep -q HYDRA; then
+  keep=(-disable-auto-cleanup); rank=(sh "$(dirname "$0")/hydra_keep_survivors.sh")
+else
   echo "  --peer-dies: not checked with this launcher"
   echo "PASS"
   exit 0
 fi
-keep=(--enable-recovery)
-timeout 60 "${launch[0]}" "${keep[@]}" "${launch[@]:1}" -n 3 "$prog" --peer-dies "$out" >/dev/null 2>&1
+timeout 60 "${launch[0]}" "${keep[@]}" "${launch[@]:1}" -n 3 "${rank[@]}" "$prog" --peer-dies "$out" >/dev/null 2>&1
 rc=$?
 if [ "$rc" -eq 124 ]; then echo "FAIL: the survivors of a dead peer hung (timeout)"; exit 1; fi
 for r in 0 1; do
