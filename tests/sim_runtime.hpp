@@ -765,6 +765,41 @@ struct kernels<cgx::quant::maxmin<Bits, B, Rounding>> {
   }
 };
 
+/// `none` on the simulated device: copies, and y += x for decompress_add.
+template <>
+struct kernels<cgx::quant::none> {
+  using quantizer = cgx::quant::none;
+  template <class T>
+  static constexpr std::size_t compressed_bytes(std::size_t n) noexcept {
+    return n * sizeof(T);
+  }
+  template <class T>
+  static void compress(const T* in, std::size_t n, std::byte* out, const cgx::quant::rng_state& = {},
+                       cudaStream_t s = nullptr) {
+    if (n == 0) return;
+    const range r[] = {{in, n * sizeof(T), false}, {out, n * sizeof(T), true}};
+    w().launch(s, r, "compress (none)", [=] { std::memcpy(out, in, n * sizeof(T)); });
+  }
+  template <class T>
+  static void decompress(const std::byte* in, std::size_t n, T* out, cudaStream_t s = nullptr) {
+    if (n == 0) return;
+    const range r[] = {{in, n * sizeof(T), false}, {out, n * sizeof(T), true}};
+    w().launch(s, r, "decompress (none)", [=] { std::memcpy(out, in, n * sizeof(T)); });
+  }
+  template <class T>
+  static void decompress_add(const std::byte* in, std::size_t n, T* out, cudaStream_t s = nullptr) {
+    if (n == 0) return;
+    const range r[] = {{in, n * sizeof(T), false}, {out, n * sizeof(T), true}};
+    w().launch(s, r, "decompress_add (none)", [=] {
+      for (std::size_t i = 0; i < n; ++i) {
+        T v;
+        std::memcpy(&v, in + i * sizeof(T), sizeof(T));
+        out[i] += v;
+      }
+    });
+  }
+};
+
 /// The simulated runtime policy (cgx/comm/runtime.cuh) over world::current().
 struct runtime {
   template <class Q>

@@ -14,6 +14,8 @@
 #include <cgx/comm/device_sra.cuh>
 #include <cgx/comm/host_device.cuh>
 #include <cgx/device_plan.cuh>
+#include <cgx/layerwise_plan.cuh>
+#include <cgx/layerwise_plan.hpp>
 
 #include "gpu/thread_transport.hpp"
 
@@ -292,5 +294,108 @@ TEST_CASE("cuda_ipc on the simulated runtime: a workspace replaced by reserve() 
     const auto v = w.violations();
     INFO("violations:\n" << joined(v));
     CHECK(v.empty());
+  }
+}
+
+namespace {
+
+std::vector<cgx::layer> model_layers() {
+  return {{0, 5000, false},    {5000, 100, true}, {5100, 700, false},  {9000, 3001, false},
+          {5800, 3000, false}, {12001, 1, true},  {12100, 2500, false}};
+}
+constexpr std::size_t model_n = 14600;
+
+/// The settings of call k: mixed widths and buckets, then another width for layer 0,
+/// then every layer raw (the largest workspace).
+std::vector<cgx::layer_setting> settings_of(const std::vector<cgx::layer>& ls, int call) {
+  auto s = cgx::default_settings(ls);
+  s[0] = {call == 0 ? 2 : 3, 128};
+  s[3] = {8, 512};
+  s[4] = {4, 1024};
+  s[6] = {1, 512};
+  if (call == 2)
+    for (auto& x : s) x.bits = 0;
+  return s;
+}
+constexpr int layerwise_calls = 4;
+
+using LR = cgx::quant::stochastic;
+
+std::vector<std::vector<std::vector<float>>> layerwise_host(int p) {
+  auto g = std::make_shared<gpu_test::thread_group>(p);
+  std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(p));
+  std::vector<std::thread> t;
+  for (int r = 0; r < p; ++r)
+    t.emplace_back([&, r] {
+      const auto ls = model_layers();
+      cgx::layerwise_plan<float, gpu_test::thread_transport, LR> plan{gpu_test::thread_transport(g, r), model_n, ls};
+      for (int call = 0; call < layerwise_calls; ++call) {
+        plan.set_settings(settings_of(ls, call % 3));
+        auto v = input(r, model_n, call);
+        plan(v.data(), model_n);
+        out[static_cast<std::size_t>(r)].push_back(std::move(v));
+      }
+    });
+  for (auto& x : t) x.join();
+  return out;
+}
+
+template <class Make>
+void check_layerwise(const Make& make, int p, std::uint64_t seed) {
+  CAPTURE(p);
+  CAPTURE(seed);
+  const auto want = layerwise_host(p);
+  sim::world w(seed);
+  sim::scope use(w);
+  std::vector<std::vector<std::vector<float>>> got(static_cast<std::size_t>(p));
+  on_ranks(w, p, [&](int r) {
+    const auto ls = model_layers();
+    cgx::layerwise_options o;
+    o.check = cgx::checking::collective;
+    cgx::layerwise_device_plan<float, typename Make::type, LR> plan{make.make(r), model_n, ls, o};
+    cudaStream_t s[2] = {sim::w().create_stream(), sim::w().create_stream()};
+    float* d[2] = {};
+    for (auto& x : d) {
+      void* mem = nullptr;
+      REQUIRE(sim::runtime::malloc(&mem, model_n * sizeof(float)) == cudaSuccess);
+      x = static_cast<float*>(mem);
+    }
+    auto& out = got[static_cast<std::size_t>(r)];
+    out.reserve(layerwise_calls);
+    for (int call = 0; call < layerwise_calls; ++call) {
+      const int k = call % 2;
+      plan.set_settings(settings_of(ls, call % 3));  // local, between calls still in flight
+      out.push_back(input(r, model_n, call));
+      auto& v = out.back();
+      sim::runtime::memcpy_async(d[k], v.data(), model_n * sizeof(float), cudaMemcpyHostToDevice, s[k]);
+      plan(d[k], model_n, s[k]);
+      sim::runtime::memcpy_async(v.data(), d[k], model_n * sizeof(float), cudaMemcpyDeviceToHost, s[k]);
+    }
+    for (cudaStream_t x : s) sim::runtime::stream_synchronize(x);
+    for (float* x : d) REQUIRE(sim::runtime::free(x) == cudaSuccess);
+  });
+  const auto v = w.violations();
+  INFO("violations:\n" << joined(v));
+  CHECK(v.empty());
+  for (int r = 0; r < p; ++r)
+    for (int c = 0; c < layerwise_calls; ++c) {
+      const auto& a = got[static_cast<std::size_t>(r)][static_cast<std::size_t>(c)];
+      const auto& b = want[static_cast<std::size_t>(r)][static_cast<std::size_t>(c)];
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < a.size(); ++i)
+        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) ++bad;
+      CAPTURE(r);
+      CAPTURE(c);
+      CHECK_MESSAGE(bad == 0, bad << " of " << a.size() << " values differ from the host layer-wise plan's");
+    }
+}
+
+}  // namespace
+
+TEST_CASE("layerwise_device_plan over CUDA IPC and over a host transport on the simulated runtime: the host plan's bits") {
+  for (const int p : {2, 3, 4}) {
+    check_layerwise(over_ipc(p), p, 30u + p);
+    check_layerwise(over_host(p, false), p, 40u + p);
+    check_layerwise(over_host(p, true), p, 50u + p);
   }
 }

@@ -46,6 +46,7 @@
 #include "comm/device_ring.cuh"
 #include "comm/device_sra.cuh"
 #include "comm/device_transport.cuh"
+#include "comm/host_device.cuh"
 #if __has_include(<mpi.h>)  // comm::mpi and comm::mpi_device; a build without MPI has cuda_ipc
 #include "comm/mpi.hpp"
 #include "comm/mpi_device.cuh"
@@ -63,10 +64,17 @@ namespace cgx {
 
 namespace comm {
 /// The device transport that a plan over X uses: X itself when it is one (cuda_ipc,
-/// nccl, mpi_device), comm::mpi_device for comm::mpi.
+/// nccl, mpi_device), comm::mpi_device for comm::mpi, and for any other host transport
+/// (cgx::transport) basic_host_device over it, staged through pinned host memory.
 template <class X>
 struct device_transport_of {
   using type = X;  ///< the device transport
+};
+/// A host transport moves device buffers through basic_host_device (staged).
+template <class X>
+  requires(transport<X> && !device_transport<X>)
+struct device_transport_of<X> {
+  using type = basic_host_device<X, cuda_runtime>;  ///< the device transport
 };
 #if __has_include(<mpi.h>)
 /// comm::mpi moves device buffers through comm::mpi_device.
@@ -109,7 +117,8 @@ inline constexpr bool has_device_kernels = requires { typename RT::template kern
 /// \tparam R  reducer: comm::scatter_reduce_allgather (comm/device_sra.cuh) or comm::ring
 ///            (comm/device_ring.cuh); tree and hierarchical have no device schedule yet
 /// \tparam X  transport: comm::mpi (staged through pinned host memory, or direct with a
-///            CUDA-aware MPI), comm::mpi_device, comm::cuda_ipc, comm::nccl
+///            CUDA-aware MPI), comm::mpi_device, comm::cuda_ipc, comm::nccl, or any other
+///            host transport (staged, through comm::basic_host_device)
 ///
 /// Below `native_below_bytes()` a call uses the transport's own uncompressed allreduce
 /// when it has one for T (MPI_Allreduce for float/double, ncclAllReduce); cuda_ipc has

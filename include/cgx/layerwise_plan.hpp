@@ -92,7 +92,11 @@ template <class Derived, class T, class X, class Codec>
 class layerwise_base {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "cgx::layerwise_plan: T must be float or double");
-  static_assert(transport<X>, "cgx::layerwise_plan: X must be a transport (e.g. cgx::comm::mpi)");
+  static_assert(requires(X& x, std::span<std::int64_t> v) {
+                  { x.size() } -> std::convertible_to<int>;
+                  { x.rank() } -> std::convertible_to<int>;
+                  x.max_all(v);
+                }, "cgx::layerwise_plan: X must be a transport (e.g. cgx::comm::mpi)");
 
  public:
   using value_type = T;
@@ -249,7 +253,6 @@ class layerwise_base {
   std::vector<Codec> codecs_;
   std::int64_t sig_ = 0;
   std::uint32_t calls_ = 0;
-  std::vector<typename X::request> reqs_;
   std::atomic<bool> busy_{false};  // held by a call in progress (call_guard)
 };
 
@@ -271,6 +274,7 @@ template <class T, class X, class Rounding = quant::stochastic>
 class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Rounding>, T, X, detail::host_codec<T>> {
   static_assert(quant::is_rounding_v<Rounding>,
                 "cgx::layerwise_plan: Rounding must be cgx::quant::stochastic or cgx::quant::nearest");
+  static_assert(transport<X>, "cgx::layerwise_plan: X must be a transport (e.g. cgx::comm::mpi)");
   using base = detail::layerwise_base<layerwise_plan<T, X, Rounding>, T, X, detail::host_codec<T>>;
   friend base;
 
@@ -373,22 +377,22 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
     const std::size_t mine_bytes = this->layout_.chunk_bytes(me);
 
     // Phase 1: scatter-reduce, one message per peer.
-    this->reqs_.clear();
+    reqs_.clear();
     if (mine_bytes != 0)
       for (int r = 0; r < p; ++r)
-        if (r != me) this->reqs_.push_back(this->x_.irecv(ws + d.recv_slot(r), mine_bytes, r, base::tag_scatter));
-    const std::size_t nrecv = this->reqs_.size();  // rank r's part is reqs_[r - (r > me)]
+        if (r != me) reqs_.push_back(this->x_.irecv(ws + d.recv_slot(r), mine_bytes, r, base::tag_scatter));
+    const std::size_t nrecv = reqs_.size();  // rank r's part is reqs_[r - (r > me)]
     for (int step = 1; step < p; ++step) {
       const int o = d.to(me, step);
       if (this->layout_.chunk_bytes(o) == 0) continue;
       compress_chunk(buf, o, ws + d.send_slot(o), d, me, rng, ex);
-      this->reqs_.push_back(this->x_.isend(ws + d.send_slot(o), this->layout_.chunk_bytes(o), o, base::tag_scatter));
+      reqs_.push_back(this->x_.isend(ws + d.send_slot(o), this->layout_.chunk_bytes(o), o, base::tag_scatter));
     }
     std::byte* sum = ws + d.send_slot(me);
     if (mine_bytes != 0) {
       for (int i = 0; i + 1 < p; ++i) {
         const int r = d.addend(me, i);
-        this->x_.wait_all(std::span(this->reqs_.data() + (r - (r > me ? 1 : 0)), 1));
+        this->x_.wait_all(std::span(reqs_.data() + (r - (r > me ? 1 : 0)), 1));
         for (const auto& pc : this->layout_.pieces(me))
           this->codecs_[pc.layer].decompress_add(ws + d.recv_slot(r) + pc.offset, pc.count, buf + pc.begin, ex);
       }
@@ -409,10 +413,10 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
     // Phase 2: allgather of the compressed sums, received into the receive slots.
     for (int r = 0; r < p; ++r)
       if (r != me && this->layout_.chunk_bytes(r) != 0)
-        this->reqs_.push_back(this->x_.irecv(ws + d.gather_slot(r), this->layout_.chunk_bytes(r), r, base::tag_gather));
+        reqs_.push_back(this->x_.irecv(ws + d.gather_slot(r), this->layout_.chunk_bytes(r), r, base::tag_gather));
     if (mine_bytes != 0)
-      for (int step = 1; step < p; ++step) this->reqs_.push_back(this->x_.isend(sum, mine_bytes, d.to(me, step), base::tag_gather));
-    this->x_.wait_all(std::span(this->reqs_.data() + nrecv, this->reqs_.size() - nrecv));
+      for (int step = 1; step < p; ++step) reqs_.push_back(this->x_.isend(sum, mine_bytes, d.to(me, step), base::tag_gather));
+    this->x_.wait_all(std::span(reqs_.data() + nrecv, reqs_.size() - nrecv));
     for (int step = 1; step < p; ++step) {
       const int o = d.from(me, step);
       for (const auto& pc : this->layout_.pieces(o))
@@ -424,6 +428,7 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
   std::unique_ptr<std::byte[]> ws_;
   std::size_t ws_bytes_ = 0;
   std::size_t slot_ = 0;
+  std::vector<typename X::request> reqs_;
 };
 
 }  // namespace cgx

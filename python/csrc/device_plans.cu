@@ -24,9 +24,11 @@ cgx::layerwise_options to_device_options(const plan_config& c) {
   return o;
 }
 
-/// cgx::layerwise_device_plan<T, comm::mpi, Rounding> (compressed bytes staged through
-/// pinned host memory; blocking for the host, as the plan is) with optional adaptive
-/// bits, whose statistics need the reduced buffer on the host: one copy per call.
+/// cgx::layerwise_device_plan<T, comm::mpi, Rounding> (over comm::mpi_device: compressed
+/// bytes staged through pinned host memory unless MPI is CUDA-aware; the plan is
+/// stream-ordered, run() synchronizes the stream so that the hook's result is in the
+/// tensor when it returns) with optional adaptive bits, whose statistics need the reduced
+/// buffer on the host: one copy per call.
 template <class T, class Rounding>
 class device_plan final : public plan {
  public:
@@ -50,13 +52,15 @@ class device_plan final : public plan {
     T* buf = static_cast<T*>(data);
     auto s = static_cast<cudaStream_t>(stream);
     plan_(buf, n, s);
-    if (adapt_) {
-      cgx::quant::detail::check_cuda(cudaMemcpyAsync(host_.data(), buf, n * sizeof(T), cudaMemcpyDeviceToHost, s),
-                                     "cgx_torch: cudaMemcpyAsync");
+    if (!adapt_) {
       cgx::quant::detail::check_cuda(cudaStreamSynchronize(s), "cgx_torch: cudaStreamSynchronize");
-      adapt_->observe(host_.data());
-      if (plan_.calls() % static_cast<std::uint32_t>(interval_) == 0) plan_.set_settings(adapt_->assign());
+      return;
     }
+    cgx::quant::detail::check_cuda(cudaMemcpyAsync(host_.data(), buf, n * sizeof(T), cudaMemcpyDeviceToHost, s),
+                                   "cgx_torch: cudaMemcpyAsync");
+    cgx::quant::detail::check_cuda(cudaStreamSynchronize(s), "cgx_torch: cudaStreamSynchronize");
+    adapt_->observe(host_.data());
+    if (plan_.calls() % static_cast<std::uint32_t>(interval_) == 0) plan_.set_settings(adapt_->assign());
   }
   std::vector<std::pair<int, std::size_t>> settings() const override {
     std::vector<std::pair<int, std::size_t>> out;

@@ -8,12 +8,10 @@
 /// owner of a chunk decodes its own re-quantized sum like everyone else.
 ///
 /// Chunks, peers, slots, random keys and the order of sums are those of the description
-/// schedule::sra (its whole form: one message per chunk and phase, the allgather
-/// received into the receive slots), in this workspace (device, owned by the
-/// transport): p send slots, then p receive slots, each of the compressed size of the
-/// largest chunk of max_n rounded to a cache line. Phase 1 writes
-/// send slots r != me (this rank's parts of the other chunks); the owned sum goes to send
-/// slot me, which phase 1 never sends: the rule cuda_ipc relies on (see there).
+/// schedule::sra (its whole form: one message per chunk and phase), in this workspace
+/// (device, owned by the transport): each slot of the compressed size of the largest
+/// chunk of max_n rounded to a cache line. The messages are device_sra_executor's,
+/// shared with layerwise_device_plan.
 
 #include <cstddef>
 #include <cstdint>
@@ -32,6 +30,74 @@
 #include "../schedule/sra.hpp"
 
 namespace cgx::comm {
+
+/// The device executor of scatter-reduce-allgather: the messages, slots and summation
+/// order of a schedule::sra_pattern over a `device_transport`, stream-ordered, for one
+/// rank. What is compressed into a slot and how an arrived slot is decoded is the
+/// caller's *chunk codec* C, which enqueues on the stream given to run():
+///  - `bytes(o)`: compressed bytes of chunk o (0: an empty chunk, never sent);
+///  - `contribute(o, out)`: this rank's values of chunk o, compressed into `out` with
+///    the pattern's contribution key;
+///  - `add(in)`: an addend of this rank's chunk, decoded from `in` and added;
+///  - `finish(out)`: this rank's summed chunk compressed into `out` with the sum key and,
+///    for a lossy codec, decoded back into the buffer (the owner keeps the bits everyone
+///    gets);
+///  - `decode(o, in)`: chunk o decoded from `in` into the buffer.
+/// comm::device_sra (one codec call per chunk) and layerwise_device_plan (per-layer
+/// pieces) share it. Phase 1 writes send slots r != me; the owned sum goes to send slot
+/// me, which phase 1 never sends: the rule cuda_ipc relies on (see there).
+class device_sra_executor {
+ public:
+  /// One reduction: in place in the codec's buffer, on `stream`. `ws` is x's workspace,
+  /// laid out by `d`. Collective.
+  template <class X, class C>
+  void run(X& x, const ::cgx::schedule::sra_pattern& d, std::byte* ws, const C& c, cudaStream_t stream) {
+    const int p = x.size();
+    const int me = x.rank();
+    const std::size_t mine_bytes = c.bytes(me);
+
+    // Phase 1: scatter-reduce. Compress this rank's part of every other chunk.
+    x.prepare_send(stream);
+    sends_.clear();
+    recvs_.clear();
+    for (int step = 1; step < p; ++step) {
+      const int o = d.to(me, step);
+      const std::size_t b = c.bytes(o);
+      if (b == 0) continue;
+      c.contribute(o, ws + d.send_slot(o));
+      sends_.push_back({o, d.send_slot(o), d.recv_slot(me), b});
+    }
+    if (mine_bytes != 0)
+      for (int i = 0; i + 1 < p; ++i) {
+        const int r = d.addend(me, i);
+        recvs_.push_back({r, d.recv_slot(r), d.send_slot(me), mine_bytes});
+      }
+    // In the pattern's order (a fixed summation order), each part as soon as it has arrived.
+    x.exchange(std::span<const device_message>(sends_), std::span<const device_message>(recvs_), stream,
+               [&](std::size_t, const std::byte* in) { c.add(in); });
+
+    // The sum is quantized once; the owner keeps the decoded bytes, like everyone else.
+    x.prepare_send(stream);
+    if (mine_bytes != 0) c.finish(ws + d.send_slot(me));
+
+    // Phase 2: allgather of the compressed sums, received into the gather slots.
+    sends_.clear();
+    recvs_.clear();
+    if (mine_bytes != 0)
+      for (int step = 1; step < p; ++step) sends_.push_back({d.to(me, step), d.send_slot(me), d.gather_slot(me), mine_bytes});
+    for (int step = 1; step < p; ++step) {
+      const int o = d.from(me, step);
+      const std::size_t b = c.bytes(o);
+      if (b != 0) recvs_.push_back({o, d.gather_slot(o), d.send_slot(o), b});
+    }
+    x.exchange(std::span<const device_message>(sends_), std::span<const device_message>(recvs_), stream,
+               [&](std::size_t i, const std::byte* in) { c.decode(recvs_[i].peer, in); });
+  }
+
+ private:
+  std::vector<device_message> sends_;
+  std::vector<device_message> recvs_;
+};
 
 /// Device SRA for values T, quantizer Q, transport X; the kernels are those of X's
 /// runtime policy (comm/runtime.cuh: `quant::device<Q>` on the CUDA runtime).
@@ -57,60 +123,11 @@ class device_sra {
   void run(T* d_buf, std::size_t n, std::size_t max_n, X& x, std::byte* ws, const quant::rng_state& rng,
            cudaStream_t stream) {
     const int p = x.size();
-    const int me = x.rank();
     if (p == 1 || n == 0) return;
     // Chunks, peers, slots, keys and the order of sums: schedule::sra's whole form in
-    // this workspace (slots sized for max_n).
+    // this workspace (slots sized for max_n); one quantizer call per chunk.
     const description d = description::whole_in(n, p, granule, bytes, slot_bytes(max_n, p));
-    const chunk mine = d.chunk_of(me);
-    const std::size_t mine_bytes = bytes(mine.count);
-
-    // Phase 1: scatter-reduce. Compress this rank's part of every other chunk.
-    x.prepare_send(stream);
-    sends_.clear();
-    recvs_.clear();
-    for (int step = 1; step < p; ++step) {
-      const int o = d.to(me, step);
-      const chunk c = d.chunk_of(o);
-      if (c.count == 0) continue;
-      D::template compress<T>(d_buf + c.begin, c.count, ws + d.send_slot(o),
-                              ::cgx::schedule::keyed(rng, description::contribution_key(me, c)), stream);
-      sends_.push_back({o, d.send_slot(o), d.recv_slot(me), bytes(c.count)});
-    }
-    if (mine.count != 0)
-      for (int i = 0; i + 1 < p; ++i) {
-        const int r = description::addend(me, i);
-        recvs_.push_back({r, d.recv_slot(r), d.send_slot(me), mine_bytes});
-      }
-    // In the description's order (a fixed summation order), each part as soon as it has arrived.
-    x.exchange(std::span<const device_message>(sends_), std::span<const device_message>(recvs_), stream,
-               [&](std::size_t, const std::byte* in) {
-                 D::template decompress_add<T>(in, mine.count, d_buf + mine.begin, stream);
-               });
-
-    // The sum is quantized once; the owner keeps the decoded bytes, like everyone else.
-    x.prepare_send(stream);
-    if (mine.count != 0) {
-      D::template compress<T>(d_buf + mine.begin, mine.count, ws + d.send_slot(me), ::cgx::schedule::keyed(rng, d.sum_key(me, mine)),
-                              stream);
-      if constexpr (!Q::lossless) D::template decompress<T>(ws + d.send_slot(me), mine.count, d_buf + mine.begin, stream);
-    }
-
-    // Phase 2: allgather of the compressed sums, received into the receive slots.
-    sends_.clear();
-    recvs_.clear();
-    if (mine.count != 0)
-      for (int step = 1; step < p; ++step) sends_.push_back({d.to(me, step), d.send_slot(me), d.gather_slot(me), mine_bytes});
-    for (int step = 1; step < p; ++step) {
-      const int o = d.from(me, step);
-      const chunk c = d.chunk_of(o);
-      if (c.count != 0) recvs_.push_back({o, d.gather_slot(o), d.send_slot(o), bytes(c.count)});
-    }
-    x.exchange(std::span<const device_message>(sends_), std::span<const device_message>(recvs_), stream,
-               [&](std::size_t i, const std::byte* in) {
-                 const chunk c = d.chunk_of(recvs_[i].peer);
-                 D::template decompress<T>(in, c.count, d_buf + c.begin, stream);
-               });
+    exec_.run(x, d, ws, codec{d, d_buf, rng, stream, x.rank()}, stream);
   }
 
  private:
@@ -118,8 +135,35 @@ class device_sra {
   static constexpr ::cgx::schedule::size_fn bytes = &D::template compressed_bytes<T>;
   static std::size_t slot_bytes(std::size_t n, int p) { return device_slot_bytes<D, T>(n, p, granule); }
 
-  std::vector<device_message> sends_;
-  std::vector<device_message> recvs_;
+  /// The chunk codec of device_sra_executor: chunk o is description chunk o.
+  struct codec {
+    const description& d;
+    T* buf;
+    const quant::rng_state& rng;
+    cudaStream_t stream;
+    int me;
+    std::size_t bytes(int o) const { return device_sra::bytes(d.chunk_of(o).count); }
+    void contribute(int o, std::byte* out) const {
+      const chunk c = d.chunk_of(o);
+      D::template compress<T>(buf + c.begin, c.count, out,
+                              ::cgx::schedule::keyed(rng, description::contribution_key(me, c)), stream);
+    }
+    void add(const std::byte* in) const {
+      const chunk c = d.chunk_of(me);
+      D::template decompress_add<T>(in, c.count, buf + c.begin, stream);
+    }
+    void finish(std::byte* out) const {
+      const chunk c = d.chunk_of(me);
+      D::template compress<T>(buf + c.begin, c.count, out, ::cgx::schedule::keyed(rng, d.sum_key(me, c)), stream);
+      if constexpr (!Q::lossless) D::template decompress<T>(out, c.count, buf + c.begin, stream);
+    }
+    void decode(int o, const std::byte* in) const {
+      const chunk c = d.chunk_of(o);
+      D::template decompress<T>(in, c.count, buf + c.begin, stream);
+    }
+  };
+
+  device_sra_executor exec_;
 };
 
 }  // namespace cgx::comm

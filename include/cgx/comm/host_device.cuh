@@ -57,7 +57,7 @@ class basic_host_device {
 
   /// Takes over host transport `x`; `direct`: H gets device pointers (it must accept
   /// them), else the bytes are staged through pinned host memory.
-  basic_host_device(H x, bool direct) : x_(std::move(x)), direct_(direct) {
+  explicit basic_host_device(H x, bool direct = false) : x_(std::move(x)), direct_(direct) {
     device_ = detail::current_device<R>("cgx::comm::mpi_device");  // fails early without a device
     fence_ = basic_workspace_fence<R>("cgx::comm::mpi_device");
     h2d_done_ = basic_cuda_event<R>(cudaEventDisableTiming);
