@@ -34,6 +34,12 @@
 #include <cgx/quant/none.hpp>
 
 #include <cuda_runtime_api.h>
+#if __has_include(<nccl.h>)
+#include <nccl.h>
+#define CGX_SIM_NCCL 1  // the simulated NCCL (sim::nccl) exists
+#else
+#define CGX_SIM_NCCL 0
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -51,6 +57,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 namespace sim {
@@ -114,11 +121,41 @@ struct event_ref {
 };
 
 struct op {
-  enum kind { task, record, wait } k = task;
+  // task: fn runs outside the lock; record / wait: events; until: fn runs under the
+  // world's lock once ready() (also evaluated under it) holds (simulated NCCL).
+  enum kind { task, record, wait, until } k = task;
   std::function<void()> fn;
+  std::function<bool()> ready;
   event_obj* ev = nullptr;
   std::uint64_t rec = 0;
 };
+
+#if CGX_SIM_NCCL
+/// A simulated NCCL communicator (one per rank) and the group of a unique id.
+struct nccl_group;
+struct nccl_comm_obj {
+  nccl_group* g = nullptr;
+  int rank = 0;
+  bool aborted = false, finalized = false, destroyed = false;
+  ncclResult_t async = ncclSuccess;
+  std::uint64_t allreduces = 0;
+  std::string last_error;
+};
+struct nccl_group {
+  int nranks = 0;
+  int joined = 0;
+  int finalized = 0;
+  std::vector<nccl_comm_obj*> comms;
+  std::map<std::tuple<int, int, std::uint64_t>, std::vector<std::byte>> box;  // (src, dst, seq)
+  std::map<std::pair<int, int>, std::uint64_t> sent, received;               // per (src, dst)
+  std::map<std::uint64_t, std::vector<std::vector<std::byte>>> deposits;       // all-reduce seq -> per rank
+  bool any_aborted() const {
+    for (auto* c : comms)
+      if (c->aborted) return true;
+    return false;
+  }
+};
+#endif  // CGX_SIM_NCCL
 
 struct stream_obj {
   int actor = 0;
@@ -514,6 +551,223 @@ class world {
     return cudaSuccess;
   }
 
+#if CGX_SIM_NCCL
+  // ---- simulated NCCL (sim::nccl forwards here) ----
+
+  ncclResult_t nccl_get_unique_id(ncclUniqueId* id) {
+    std::lock_guard<std::mutex> l(m_);
+    *id = ncclUniqueId{};
+    const std::uint64_t k = ++nccl_ids_;
+    std::memcpy(id->internal, &k, sizeof k);
+    return ncclSuccess;
+  }
+
+  /// Collective over the ranks of `id`: returns once all `n` joined.
+  ncclResult_t nccl_comm_init_rank(ncclComm_t* c, int n, ncclUniqueId id, int rank) {
+    std::unique_lock<std::mutex> l(m_);
+    std::uint64_t k = 0;
+    std::memcpy(&k, id.internal, sizeof k);
+    auto& g = nccl_groups_[k];
+    if (!g) {
+      g = std::make_unique<nccl_group>();
+      g->nranks = n;
+      g->comms.assign(static_cast<std::size_t>(n), nullptr);
+    }
+    if (rank < 0 || rank >= n || g->nranks != n || g->comms[static_cast<std::size_t>(rank)] != nullptr)
+      return ncclInvalidArgument;
+    auto obj = std::make_unique<nccl_comm_obj>();
+    obj->g = g.get();
+    obj->rank = rank;
+    g->comms[static_cast<std::size_t>(rank)] = obj.get();
+    *c = reinterpret_cast<ncclComm_t>(obj.get());
+    nccl_comms_.push_back(std::move(obj));
+    ++g->joined;
+    cv_.notify_all();
+    nccl_group* gp = g.get();
+    cv_.wait(l, [&] { return gp->joined == gp->nranks; });
+    return ncclSuccess;
+  }
+
+  ncclResult_t nccl_group_start() {
+    ++pending().depth;
+    return ncclSuccess;
+  }
+
+  ncclResult_t nccl_group_end() {
+    auto& pg = pending();
+    if (pg.depth == 0) return ncclInvalidUsage;
+    if (--pg.depth > 0) return ncclSuccess;
+    std::vector<p2p> ops = std::move(pg.ops);
+    pg.ops.clear();
+    if (pg.failed) {  // NCCL drops a group in which a call failed
+      pg.failed = false;
+      return ncclInvalidUsage;
+    }
+    std::lock_guard<std::mutex> l(m_);
+    issue(ops);
+    return ncclSuccess;
+  }
+
+  ncclResult_t nccl_p2p(bool send, void* p, std::size_t bytes, int peer, ncclComm_t c, cudaStream_t s) {
+    auto* obj = reinterpret_cast<nccl_comm_obj*>(c);
+    auto& pg = pending();
+    {
+      std::lock_guard<std::mutex> l(m_);
+      const int h = host_of_this_thread();
+      if (obj == nullptr || obj->destroyed || obj->aborted) {
+        report(h, "calls NCCL on a destroyed or aborted communicator");
+        return ncclInvalidArgument;
+      }
+      if (fail_next_[obj->rank]) {
+        fail_next_[obj->rank] = false;
+        obj->last_error = "simulated failure of an NCCL call";
+        if (pg.depth > 0) pg.failed = true;
+        return ncclInternalError;
+      }
+    }
+    const p2p op{send, p, bytes, peer, obj, s};
+    if (pg.depth == 0) {  // a call outside a group is a group of its own
+      std::lock_guard<std::mutex> l(m_);
+      issue(std::vector<p2p>{op});
+      return ncclSuccess;
+    }
+    pg.ops.push_back(op);
+    return ncclSuccess;
+  }
+
+  /// float or double sums only (what the tests use); in rank order, like a reduction
+  /// that every rank computes the same.
+  ncclResult_t nccl_all_reduce(const void* in, void* out, std::size_t n, ncclDataType_t t, ncclComm_t c,
+                               cudaStream_t s) {
+    if (t != ncclFloat32 && t != ncclFloat64) return ncclInvalidArgument;
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    auto* obj = reinterpret_cast<nccl_comm_obj*>(c);
+    stream_obj& st = stream_of(s, h);
+    const std::size_t bytes = n * (t == ncclFloat32 ? 4 : 8);
+    enqueue_clock(st, h);
+    check(st.actor, st.clock, range{in, bytes, false}, "ncclAllReduce");
+    check(st.actor, st.clock, range{out, bytes, true}, "ncclAllReduce");
+    const std::uint64_t seq = obj->allreduces++;
+    nccl_group* g = obj->g;
+    op o;
+    o.k = op::until;
+    o.ready = [] { return true; };
+    o.fn = [=] {
+      auto& d = g->deposits[seq];
+      d.resize(static_cast<std::size_t>(g->nranks));
+      d[static_cast<std::size_t>(obj->rank)].assign(static_cast<const std::byte*>(in),
+                                                    static_cast<const std::byte*>(in) + bytes);
+    };
+    push(st, std::move(o));
+    op sum;
+    sum.k = op::until;
+    sum.ready = [=] {
+      if (obj->aborted) return true;
+      auto it = g->deposits.find(seq);
+      if (it == g->deposits.end()) return false;
+      for (const auto& x : it->second)
+        if (x.size() != bytes) return false;
+      return true;
+    };
+    sum.fn = [=] {
+      if (obj->aborted) return;
+      const auto& d = g->deposits[seq];
+      for (std::size_t i = 0; i < n; ++i) {
+        if (t == ncclFloat32) {
+          float acc = 0;
+          for (const auto& x : d) {
+            float v;
+            std::memcpy(&v, x.data() + i * 4, 4);
+            acc += v;
+          }
+          std::memcpy(static_cast<std::byte*>(out) + i * 4, &acc, 4);
+        } else {
+          double acc = 0;
+          for (const auto& x : d) {
+            double v;
+            std::memcpy(&v, x.data() + i * 8, 8);
+            acc += v;
+          }
+          std::memcpy(static_cast<std::byte*>(out) + i * 8, &acc, 8);
+        }
+      }
+    };
+    push(st, std::move(sum));
+    return ncclSuccess;
+  }
+
+  ncclResult_t nccl_get_async_error(ncclComm_t c, ncclResult_t* r) {
+    std::lock_guard<std::mutex> l(m_);
+    *r = reinterpret_cast<nccl_comm_obj*>(c)->async;
+    return ncclSuccess;
+  }
+
+  /// Local: stops the communicator's pending operations on every stream.
+  ncclResult_t nccl_abort(ncclComm_t c) {
+    std::lock_guard<std::mutex> l(m_);
+    auto* obj = reinterpret_cast<nccl_comm_obj*>(c);
+    obj->aborted = true;
+    obj->destroyed = true;
+    ++nccl_aborts_;
+    // The peers lose their connections to this rank: an asynchronous remote error.
+    for (auto* peer : obj->g->comms)
+      if (peer != nullptr && !peer->aborted && peer->async == ncclSuccess) peer->async = ncclRemoteError;
+    cv_.notify_all();
+    return ncclSuccess;
+  }
+
+  /// Collective: waits for every rank's finalize. A rank that waits longer than the
+  /// world's finalize limit is a violation (a real NCCL would wait forever).
+  ncclResult_t nccl_finalize(ncclComm_t c) {
+    std::unique_lock<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    auto* obj = reinterpret_cast<nccl_comm_obj*>(c);
+    obj->finalized = true;
+    nccl_group* g = obj->g;
+    ++g->finalized;
+    cv_.notify_all();
+    if (!cv_.wait_for(l, finalize_limit_, [&] { return g->finalized == g->nranks; })) {
+      report(h, "ncclCommFinalize waits for peers that never finalize (NCCL would hang here)");
+      return ncclSystemError;
+    }
+    return ncclSuccess;
+  }
+
+  ncclResult_t nccl_destroy(ncclComm_t c) {
+    std::lock_guard<std::mutex> l(m_);
+    reinterpret_cast<nccl_comm_obj*>(c)->destroyed = true;
+    return ncclSuccess;
+  }
+
+  const char* nccl_last_error(ncclComm_t c) {
+    std::lock_guard<std::mutex> l(m_);
+    auto* obj = reinterpret_cast<nccl_comm_obj*>(c);
+    return obj == nullptr ? "" : obj->last_error.c_str();
+  }
+
+  /// Test hooks: the next NCCL send/recv call of `rank` fails; `rank`'s communicator
+  /// reports `r` as an asynchronous error from now on.
+  void nccl_fail_next_call(int rank) {
+    std::lock_guard<std::mutex> l(m_);
+    fail_next_[rank] = true;
+  }
+  void nccl_set_async_error(int rank, ncclResult_t r) {
+    std::lock_guard<std::mutex> l(m_);
+    for (auto& c : nccl_comms_)
+      if (c->rank == rank) c->async = r;
+  }
+  /// ncclCommAbort calls so far; the group depth of the calling thread.
+  int nccl_aborts() const {
+    std::lock_guard<std::mutex> l(m_);
+    return nccl_aborts_;
+  }
+  static int nccl_group_depth() { return pending().depth; }
+  /// How long a finalize may wait for its peers before it is reported.
+  void set_finalize_limit(std::chrono::milliseconds d) { finalize_limit_ = d; }
+
+#endif  // CGX_SIM_NCCL
+
   cudaError_t get_device(int* d) {
     *d = device_of_thread();
     return cudaSuccess;
@@ -525,6 +779,84 @@ class world {
   }
 
  private:
+#if CGX_SIM_NCCL
+  struct p2p {
+    bool send;
+    void* p;
+    std::size_t bytes;
+    int peer;
+    nccl_comm_obj* c;
+    cudaStream_t s;
+  };
+  struct pending_group {
+    int depth = 0;
+    bool failed = false;
+    std::vector<p2p> ops;
+  };
+  static pending_group& pending() {
+    thread_local pending_group g;
+    return g;
+  }
+  // Issues one group's sends and receives (lock held): per stream, one op that deposits
+  // the sends, then one that waits for every receive's message and copies it in, so that
+  // a group's receives never block its own sends (as in one NCCL kernel).
+  void issue(const std::vector<p2p>& ops) {
+    const int h = host_of_this_thread();
+    std::map<cudaStream_t, std::vector<p2p>> by_stream;
+    for (const auto& o : ops) by_stream[o.s].push_back(o);
+    for (auto& [s, list] : by_stream) {
+      stream_obj& st = stream_of(s, h);
+      enqueue_clock(st, h);
+      struct msg {
+        p2p o;
+        std::uint64_t seq;
+      };
+      std::vector<msg> sends, recvs;
+      for (const auto& o : list) {
+        check(st.actor, st.clock, range{o.p, o.bytes, !o.send}, o.send ? "ncclSend" : "ncclRecv");
+        const int me = o.c->rank;
+        if (o.send)
+          sends.push_back({o, o.c->g->sent[{me, o.peer}]++});
+        else
+          recvs.push_back({o, o.c->g->received[{o.peer, me}]++});
+      }
+      op dep;
+      dep.k = op::until;
+      dep.ready = [] { return true; };
+      dep.fn = [sends] {
+        for (const auto& m : sends) {
+          if (m.o.c->aborted) continue;
+          const auto* b = static_cast<const std::byte*>(m.o.p);
+          m.o.c->g->box[{m.o.c->rank, m.o.peer, m.seq}].assign(b, b + m.o.bytes);
+        }
+      };
+      push(st, std::move(dep));
+      op take;
+      take.k = op::until;
+      take.ready = [recvs] {
+        for (const auto& m : recvs)
+          if (!m.o.c->aborted && m.o.c->g->box.count({m.o.peer, m.o.c->rank, m.seq}) == 0) return false;
+        return true;
+      };
+      take.fn = [this, recvs] {
+        for (const auto& m : recvs) {
+          if (m.o.c->aborted) continue;
+          auto it = m.o.c->g->box.find({m.o.peer, m.o.c->rank, m.seq});
+          if (it->second.size() != m.o.bytes) {
+            violations_.push_back("ncclRecv of " + std::to_string(m.o.bytes) + " bytes matched a send of " +
+                                  std::to_string(it->second.size()));
+          } else {
+            std::memcpy(m.o.p, it->second.data(), m.o.bytes);
+          }
+          m.o.c->g->box.erase(it);
+        }
+      };
+      push(st, std::move(take));
+    }
+  }
+
+#endif  // CGX_SIM_NCCL
+
   static int& device_of_thread() {
     thread_local int d = 0;
     return d;
@@ -657,6 +989,7 @@ class world {
   bool runnable(const stream_obj& s) const {
     if (s.q.empty()) return false;
     const op& o = s.q.front();
+    if (o.k == op::until) return o.ready();
     return o.k != op::wait || o.ev->completed[o.rec] != 0;
   }
 
@@ -687,6 +1020,8 @@ class world {
         l.unlock();
         o.fn();
         l.lock();
+      } else if (o.k == op::until) {
+        o.fn();
       } else if (o.k == op::record) {
         o.ev->completed[o.rec] = 1;
       }
@@ -713,6 +1048,15 @@ class world {
   std::vector<std::unique_ptr<event_obj>> events_;
   std::vector<std::unique_ptr<event_ref>> refs_;
   std::vector<std::string> violations_;
+#if CGX_SIM_NCCL
+  std::uint64_t nccl_ids_ = 0;
+  std::map<std::uint64_t, std::unique_ptr<nccl_group>> nccl_groups_;
+  std::vector<std::unique_ptr<nccl_comm_obj>> nccl_comms_;
+  std::map<int, bool> fail_next_;
+  int nccl_aborts_ = 0;
+  std::chrono::milliseconds finalize_limit_{3000};
+#endif  // CGX_SIM_NCCL
+
   std::thread exec_;
 };
 
@@ -842,6 +1186,38 @@ struct runtime {
     return w().ipc_open_event_handle(e, h);
   }
 };
+
+#if CGX_SIM_NCCL
+/// The simulated NCCL API policy (cgx/comm/nccl.cuh's nccl_api) over world::current().
+struct nccl {
+  static ncclResult_t get_unique_id(ncclUniqueId* id) { return w().nccl_get_unique_id(id); }
+  static ncclResult_t comm_init_rank(ncclComm_t* c, int n, ncclUniqueId id, int r) {
+    return w().nccl_comm_init_rank(c, n, id, r);
+  }
+  static ncclResult_t group_start() { return w().nccl_group_start(); }
+  static ncclResult_t group_end() { return w().nccl_group_end(); }
+  static ncclResult_t send(const void* p, std::size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
+    if (t != ncclUint8) return ncclInvalidArgument;
+    return w().nccl_p2p(true, const_cast<void*>(p), n, peer, c, s);
+  }
+  static ncclResult_t recv(void* p, std::size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
+    if (t != ncclUint8) return ncclInvalidArgument;
+    return w().nccl_p2p(false, p, n, peer, c, s);
+  }
+  static ncclResult_t all_reduce(const void* in, void* out, std::size_t n, ncclDataType_t t, ncclRedOp_t op,
+                                 ncclComm_t c, cudaStream_t s) {
+    if (op != ncclSum) return ncclInvalidArgument;
+    return w().nccl_all_reduce(in, out, n, t, c, s);
+  }
+  static ncclResult_t comm_get_async_error(ncclComm_t c, ncclResult_t* r) { return w().nccl_get_async_error(c, r); }
+  static ncclResult_t comm_abort(ncclComm_t c) { return w().nccl_abort(c); }
+  static ncclResult_t comm_finalize(ncclComm_t c) { return w().nccl_finalize(c); }
+  static ncclResult_t comm_destroy(ncclComm_t c) { return w().nccl_destroy(c); }
+  static const char* get_error_string(ncclResult_t) { return "simulated NCCL error"; }
+  static const char* get_last_error(ncclComm_t c) { return w().nccl_last_error(c); }
+};
+
+#endif  // CGX_SIM_NCCL
 
 /// The shared state of a group of thread-ranks (sim::thread_bootstrap).
 struct group {

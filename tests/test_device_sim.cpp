@@ -13,12 +13,17 @@
 #include <cgx/comm/device_ring.cuh>
 #include <cgx/comm/device_sra.cuh>
 #include <cgx/comm/host_device.cuh>
+#if CGX_SIM_NCCL
+#include <cgx/comm/nccl.cuh>
+#endif
 #include <cgx/device_plan.cuh>
 #include <cgx/layerwise_plan.cuh>
 #include <cgx/layerwise_plan.hpp>
 
 #include "gpu/thread_transport.hpp"
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -59,6 +64,10 @@ class sim_host_transport {
 };
 using sim_host_device = cgx::comm::basic_host_device<sim_host_transport, sim::runtime>;
 
+#if CGX_SIM_NCCL
+using sim_nccl = cgx::comm::basic_nccl<sim::runtime, sim::nccl>;
+#endif
+
 /// How a scenario makes rank r's device transport.
 struct over_ipc {
   using type = sim_ipc;
@@ -66,6 +75,14 @@ struct over_ipc {
   explicit over_ipc(int p) : g(std::make_shared<sim::group>(p)) {}
   type make(int r) const { return type{sim::thread_bootstrap(g, r)}; }
 };
+#if CGX_SIM_NCCL
+struct over_nccl {
+  using type = sim_nccl;
+  std::shared_ptr<sim::group> g;
+  explicit over_nccl(int p) : g(std::make_shared<sim::group>(p)) {}
+  type make(int r) const { return type{sim::thread_bootstrap(g, r)}; }
+};
+#endif
 struct over_host {
   using type = sim_host_device;
   std::shared_ptr<gpu_test::thread_group> g;
@@ -267,6 +284,119 @@ TEST_CASE("device SRA and ring over a host transport (mpi_device's code), staged
     }
 }
 
+#if CGX_SIM_NCCL
+TEST_CASE("device SRA and ring over NCCL (simulated): the host plan's bits, no unordered access") {
+  for (const int p : {2, 3, 4}) {
+    check_schedule<cgx::comm::scatter_reduce_allgather>(over_nccl(p), p, 2048 + 100, 60u + p);
+    check_schedule<cgx::comm::ring>(over_nccl(p), p, 3000, 70u + p);
+  }
+}
+
+namespace {
+/// One plan call of every rank over simulated NCCL, then `fault(r, plan)`; returns what
+/// each rank's later calls threw (empty: nothing), with the plan destroyed at the end
+/// of each rank's scope. No rank may hang: a finalize that waits for peers longer than
+/// 1 s is reported by the world.
+template <class Fault, class After = void (*)(int)>
+std::vector<std::string> nccl_fault(sim::world& w, int p, Fault fault, After after = [](int) {}) {
+  auto g = std::make_shared<sim::group>(p);
+  std::vector<std::string> caught(static_cast<std::size_t>(p));
+  w.set_finalize_limit(std::chrono::milliseconds(1000));
+  on_ranks(w, p, [&](int r) {
+    const std::size_t n = 3000;
+    cudaStream_t s = sim::w().create_stream();
+    void* mem = nullptr;
+    REQUIRE(sim::runtime::malloc(&mem, n * sizeof(float)) == cudaSuccess);
+    auto* d = static_cast<float*>(mem);
+    auto v = input(r, n, 0);
+    sim::runtime::memcpy_async(d, v.data(), n * sizeof(float), cudaMemcpyHostToDevice, s);
+    try {
+      cgx::plan_options o;
+      o.native_below_bytes = 0;
+      cgx::device_allreduce_plan<float, Q, cgx::comm::scatter_reduce_allgather, sim_nccl> plan{
+          sim_nccl{sim::thread_bootstrap(g, r)}, n, o};
+      plan(d, n, s);
+      fault(r, plan, d, n, s);
+    } catch (const cgx::error& e) {
+      caught[static_cast<std::size_t>(r)] = e.what();
+    } catch (const std::runtime_error& e) {
+      caught[static_cast<std::size_t>(r)] = std::string("application: ") + e.what();
+    }
+    after(r);  // the plan is gone
+    sim::runtime::stream_synchronize(s);  // aborted communicators drop their pending work
+    sim::runtime::free(mem);
+  });
+  return caught;
+}
+}  // namespace
+
+TEST_CASE("nccl (simulated): a call that fails inside the send/receive group closes the group; the transport refuses "
+          "later calls; no rank hangs") {
+  sim::world w(81);
+  sim::scope use(w);
+  const int p = 3;
+  std::vector<int> depth_after(p, -1);
+  std::vector<std::string> later(p);
+  const auto caught = nccl_fault(w, p, [&](int r, auto& plan, float* d, std::size_t n, cudaStream_t s) {
+    if (r == 1) sim::w().nccl_fail_next_call(1);
+    try {
+      plan(d, n, s);
+    } catch (const cgx::error&) {
+      depth_after[static_cast<std::size_t>(r)] = sim::world::nccl_group_depth();
+      try {
+        plan(d, n, s);  // must throw too: the transport failed
+      } catch (const cgx::error& e) {
+        later[static_cast<std::size_t>(r)] = e.what();
+      }
+      throw;
+    }
+    throw std::runtime_error("rank " + std::to_string(r) + " gives up after its peer's failure");
+  });
+  INFO("violations:\n" << joined(w.violations()));
+  CHECK(w.violations().empty());
+  CHECK(depth_after[1] == 0);
+  CHECK(caught[1].find("ncclRecv") != std::string::npos);
+  CHECK(later[1].find("failed before") != std::string::npos);
+  CHECK(w.nccl_aborts() == p);  // every rank aborted: none finalized alone
+}
+
+TEST_CASE("nccl (simulated): an asynchronous error aborts the communicator and throws; the peers see theirs") {
+  sim::world w(82);
+  sim::scope use(w);
+  const int p = 3;
+  const auto caught = nccl_fault(w, p, [&](int r, auto& plan, float* d, std::size_t n, cudaStream_t s) {
+    if (r == 2) sim::w().nccl_set_async_error(2, ncclSystemError);
+    plan(d, n, s);  // rank 2 throws at once; the others wait for rank 2 until it aborts
+    plan(d, n, s);
+  });
+  INFO("violations:\n" << joined(w.violations()));
+  CHECK(w.violations().empty());
+  CHECK(caught[2].find("asynchronous error") != std::string::npos);
+  CHECK(w.nccl_aborts() == p);
+}
+
+TEST_CASE("nccl (simulated): a rank unwinding alone aborts instead of a collective finalize that would wait for its "
+          "peers") {
+  sim::world w(83);
+  sim::scope use(w);
+  const int p = 3;
+  std::atomic<bool> rank0_done{false};
+  const auto caught = nccl_fault(w, p, [&](int r, auto&, float*, std::size_t, cudaStream_t) {
+    if (r == 0) throw std::runtime_error("rank 0 fails alone");
+    // The peers stay in their scope until rank 0's plan is gone (old code: rank 0 waited
+    // in ncclCommFinalize for them), then give up too.
+    while (!rank0_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    throw std::runtime_error("rank " + std::to_string(r) + " gives up");
+  }, [&](int r) {
+    if (r == 0) rank0_done = true;
+  });
+  (void)caught;
+  INFO("violations:\n" << joined(w.violations()));
+  CHECK(w.violations().empty());
+}
+
+#endif  // CGX_SIM_NCCL
+
 TEST_CASE("cuda_ipc on the simulated runtime: a workspace replaced by reserve() and the teardown follow CUDA IPC's order") {
   for (const std::uint64_t seed : {5u, 6u, 7u}) {
     sim::world w(seed);
@@ -390,6 +520,10 @@ void check_layerwise(const Make& make, int p, std::uint64_t seed) {
     }
 }
 
+#if CGX_SIM_NCCL
+void check_layerwise_nccl(int p) { check_layerwise(over_nccl(p), p, 90u + static_cast<unsigned>(p)); }
+#endif
+
 }  // namespace
 
 TEST_CASE("layerwise_device_plan over CUDA IPC and over a host transport on the simulated runtime: the host plan's bits") {
@@ -399,3 +533,9 @@ TEST_CASE("layerwise_device_plan over CUDA IPC and over a host transport on the 
     check_layerwise(over_host(p, true), p, 50u + p);
   }
 }
+
+#if CGX_SIM_NCCL
+TEST_CASE("layerwise_device_plan over NCCL (simulated): the host plan's bits") {
+  for (const int p : {2, 4}) check_layerwise_nccl(p);
+}
+#endif

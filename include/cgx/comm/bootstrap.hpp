@@ -129,4 +129,16 @@ class any_bootstrap {
   std::unique_ptr<iface> p_;
 };
 
+/// `source` as an any_bootstrap: a bootstrap taken over, or a bootstrap_source (e.g. an
+/// MPI_Comm) turned into one by bootstrap_from. What transports that set up through a
+/// bootstrap (comm::cuda_ipc, comm::nccl) do with the argument of their constructor.
+template <class S>
+  requires(bootstrap<S> || bootstrap_source<S>)
+any_bootstrap to_bootstrap(S source) {
+  if constexpr (bootstrap<S>)
+    return any_bootstrap(std::move(source));
+  else
+    return any_bootstrap(bootstrap_from<S>::make(source));
+}
+
 }  // namespace cgx::comm

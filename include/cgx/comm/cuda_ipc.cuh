@@ -88,7 +88,7 @@ class basic_cuda_ipc {
   /// created, exported or imported.
   template <class S>
     requires(bootstrap<S> || bootstrap_source<S>)
-  explicit basic_cuda_ipc(S source) : basic_cuda_ipc(make_bootstrap(std::move(source)), 0) {}
+  explicit basic_cuda_ipc(S source) : basic_cuda_ipc(to_bootstrap(std::move(source)), 0) {}
 
   /// Movable (the plan takes the transport by value); not copyable.
   basic_cuda_ipc(basic_cuda_ipc&&) noexcept = default;
@@ -197,13 +197,6 @@ class basic_cuda_ipc {
   void max_all(std::span<std::int64_t> v) { comm::max_all(boot_, v, gathered_); }
 
  private:
-  template <class S>
-  static any_bootstrap make_bootstrap(S source) {
-    if constexpr (bootstrap<S>)
-      return any_bootstrap(std::move(source));
-    else
-      return any_bootstrap(bootstrap_from<S>::make(source));
-  }
 
   using guard = detail::basic_device_guard<R>;
 

@@ -4,9 +4,17 @@
 /// (CMake), which adds NCCL to `cgx::cuda`; this header is not part of the umbrella
 /// <cgx/cgx.cuh>, so that code without NCCL never needs nccl.h.
 ///
-/// The communicator is bootstrapped over MPI: rank 0 calls ncclGetUniqueId, MPI_Bcast
-/// hands the id to every rank, each calls ncclCommInitRank on the CUDA device current
-/// at construction. An exchange posts every ncclSend/ncclRecv of it between
+/// The communicator is set up through a `bootstrap` (comm/bootstrap.hpp): rank 0 calls
+/// ncclGetUniqueId, the bootstrap's allgather hands the id to every rank, each calls
+/// ncclCommInitRank on the CUDA device current at construction. The bootstrap is an MPI
+/// communicator (`nccl{MPI_COMM_WORLD}`, through comm::mpi_bootstrap, when <mpi.h> is
+/// reachable) or, with no MPI at all, a comm::socket_bootstrap of processes made by
+/// comm::run_forked; it also carries the plans' argument checks (max_all).
+///
+/// Every NCCL call goes through an API policy N (`nccl_api` forwards to NCCL) and every
+/// CUDA runtime call through a runtime policy R (comm/runtime.cuh): `nccl` is
+/// basic_nccl<cuda_runtime, nccl_api>; the tests also run it over a simulated runtime
+/// and NCCL (tests/sim_runtime.hpp), with injected failures. An exchange posts every ncclSend/ncclRecv of it between
 /// ncclGroupStart and ncclGroupEnd on the stream, then enqueues each receive's consumer
 /// behind it: nothing waits on the host, the whole reduction is stream-ordered.
 /// `native_allreduce` is ncclAllReduce (float, double, __half, __nv_bfloat16).
@@ -45,7 +53,6 @@
 ///    rank then fail (an asynchronous error they see) or wait until they abort too: an
 ///    application that continues after such an error should abort every rank's plan.
 
-#include <mpi.h>
 #include <nccl.h>
 
 #include <cstddef>
@@ -56,29 +63,76 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "../error.hpp"
+#include "bootstrap.hpp"
 #include "device_transport.cuh"
-#include "mpi.hpp"
+#include "runtime.cuh"
+#if __has_include(<mpi.h>)
+#include "mpi_bootstrap.hpp"  // an MPI_Comm is a bootstrap_source
+#endif
 
 namespace cgx::comm {
 
+/// NCCL itself as the API policy of basic_nccl: each call forwards to the NCCL function
+/// of the same name. Stateless.
+struct nccl_api {
+  /// ncclGetUniqueId.
+  static ncclResult_t get_unique_id(ncclUniqueId* id) { return ncclGetUniqueId(id); }
+  /// ncclCommInitRank.
+  static ncclResult_t comm_init_rank(ncclComm_t* c, int n, ncclUniqueId id, int r) {
+    return ncclCommInitRank(c, n, id, r);
+  }
+  /// ncclGroupStart.
+  static ncclResult_t group_start() { return ncclGroupStart(); }
+  /// ncclGroupEnd.
+  static ncclResult_t group_end() { return ncclGroupEnd(); }
+  /// ncclSend.
+  static ncclResult_t send(const void* p, std::size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
+    return ncclSend(p, n, t, peer, c, s);
+  }
+  /// ncclRecv.
+  static ncclResult_t recv(void* p, std::size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s) {
+    return ncclRecv(p, n, t, peer, c, s);
+  }
+  /// ncclAllReduce.
+  static ncclResult_t all_reduce(const void* in, void* out, std::size_t n, ncclDataType_t t, ncclRedOp_t op,
+                                 ncclComm_t c, cudaStream_t s) {
+    return ncclAllReduce(in, out, n, t, op, c, s);
+  }
+  /// ncclCommGetAsyncError.
+  static ncclResult_t comm_get_async_error(ncclComm_t c, ncclResult_t* r) { return ncclCommGetAsyncError(c, r); }
+  /// ncclCommAbort.
+  static ncclResult_t comm_abort(ncclComm_t c) { return ncclCommAbort(c); }
+  /// ncclCommFinalize.
+  static ncclResult_t comm_finalize(ncclComm_t c) { return ncclCommFinalize(c); }
+  /// ncclCommDestroy.
+  static ncclResult_t comm_destroy(ncclComm_t c) { return ncclCommDestroy(c); }
+  /// ncclGetErrorString.
+  static const char* get_error_string(ncclResult_t r) { return ncclGetErrorString(r); }
+  /// ncclGetLastError.
+  static const char* get_last_error(ncclComm_t c) { return ncclGetLastError(c); }
+};
+
 namespace detail {
 /// "`what` failed: " NCCL's text for `r`, and its last error when it has one.
-inline std::string nccl_message(ncclResult_t r, const char* what, ncclComm_t comm) {
-  std::string msg = std::string(what) + " failed: " + ncclGetErrorString(r);
-  const char* last = ncclGetLastError(comm);
+template <class N = nccl_api>
+std::string nccl_message(ncclResult_t r, const char* what, ncclComm_t comm) {
+  std::string msg = std::string(what) + " failed: " + N::get_error_string(r);
+  const char* last = N::get_last_error(comm);
   if (last != nullptr && *last != '\0') msg += std::string(" (") + last + ")";
   return msg;
 }
 
 /// Throws cgx::error(errc::transport) with NCCL's text for `r` (and its last error).
-inline void nccl_check(ncclResult_t r, const char* what, ncclComm_t comm = nullptr) {
-  if (r != ncclSuccess) throw cgx::error(errc::transport, nccl_message(r, what, comm));
+template <class N = nccl_api>
+void nccl_check(ncclResult_t r, const char* what, ncclComm_t comm = nullptr) {
+  if (r != ncclSuccess) throw cgx::error(errc::transport, nccl_message<N>(r, what, comm));
 }
 
 /// NCCL's data type for T.
@@ -94,25 +148,37 @@ constexpr ncclDataType_t nccl_type() {
 /// NCCL device transport (see the file comment). Construction and destruction are
 /// collective over the communicator (destruction during stack unwinding is not: see
 /// "Errors" in the file comment). Uses the CUDA device current at construction and makes
-/// it current in each of its calls. Move-only.
-class nccl {
+/// it current in each of its calls. Move-only. R: the CUDA runtime policy
+/// (comm/runtime.cuh); N: the NCCL API policy (nccl_api).
+template <class R, class N>
+class basic_nccl {
  public:
-  /// Collective over `comm` (duplicated; it carries the bootstrap and argument checks).
-  /// Throws cgx::error(errc::transport) when NCCL cannot create the communicator (for
-  /// example two ranks on one GPU), on every rank that NCCL reports it to.
-  explicit nccl(MPI_Comm comm) : x_(comm), fence_("cgx::comm::nccl") {
-    device_ = detail::current_device("cgx::comm::nccl");
+  /// The runtime policy its CUDA calls go through.
+  using runtime_type = R;
+
+  /// Collective over `source`: a bootstrap (comm::socket_bootstrap, comm::mpi_bootstrap,
+  /// comm::any_bootstrap), taken over, or a bootstrap_source such as an MPI_Comm
+  /// (duplicated, through comm::mpi_bootstrap). Throws cgx::error(errc::transport) when
+  /// NCCL cannot create the communicator (for example two ranks on one GPU), on every
+  /// rank that NCCL reports it to, or when the bootstrap fails.
+  template <class S>
+    requires(bootstrap<S> || bootstrap_source<S>)
+  explicit basic_nccl(S source) : x_(to_bootstrap(std::move(source))), fence_("cgx::comm::nccl") {
+    device_ = detail::current_device<R>("cgx::comm::nccl");
+    const int p = x_.size();
+    const int me = x_.rank();
     ncclUniqueId id{};
-    if (x_.rank() == 0) detail::nccl_check(ncclGetUniqueId(&id), "cgx::comm::nccl: ncclGetUniqueId");
-    detail::check_mpi(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, x_.comm()), "cgx::comm::nccl: MPI_Bcast of the NCCL id");
-    detail::nccl_check(ncclCommInitRank(&comm_, x_.size(), id, x_.rank()),
-                       ("cgx::comm::nccl: ncclCommInitRank (rank " + std::to_string(x_.rank()) + " of " +
-                        std::to_string(x_.size()) + " on device " + std::to_string(device_) +
-                        "; NCCL needs a distinct GPU per rank)")
-                           .c_str());
+    if (me == 0) detail::nccl_check<N>(N::get_unique_id(&id), "cgx::comm::nccl: ncclGetUniqueId");
+    std::vector<ncclUniqueId> all(static_cast<std::size_t>(p));
+    x_.allgather(std::as_bytes(std::span<const ncclUniqueId>(&id, 1)), std::as_writable_bytes(std::span(all)));
+    detail::nccl_check<N>(N::comm_init_rank(&comm_, p, all[0], me),
+                          ("cgx::comm::nccl: ncclCommInitRank (rank " + std::to_string(me) + " of " +
+                           std::to_string(p) + " on device " + std::to_string(device_) +
+                           "; NCCL needs a distinct GPU per rank)")
+                              .c_str());
   }
   /// Takes over o's NCCL communicator and buffers; o holds none after.
-  nccl(nccl&& o) noexcept
+  basic_nccl(basic_nccl&& o) noexcept
       : x_(std::move(o.x_)),
         device_(o.device_),
         comm_(std::exchange(o.comm_, nullptr)),
@@ -120,22 +186,22 @@ class nccl {
         unwinding_at_start_(o.unwinding_at_start_),
         fence_(std::move(o.fence_)),
         mem_(std::move(o.mem_)) {}
-  nccl& operator=(nccl&&) = delete;
-  nccl(const nccl&) = delete;
-  nccl& operator=(const nccl&) = delete;
+  basic_nccl& operator=(basic_nccl&&) = delete;
+  basic_nccl(const basic_nccl&) = delete;
+  basic_nccl& operator=(const basic_nccl&) = delete;
   /// Collective in the normal case: waits for this transport's work (polling NCCL's
   /// asynchronous errors), then ncclCommFinalize and ncclCommDestroy. During stack
   /// unwinding, after an NCCL failure, or when an asynchronous error shows while it
   /// waits: ncclCommAbort (local; see "Errors" in the file comment).
-  ~nccl() {
+  ~basic_nccl() {
     if (comm_ == nullptr) return;
-    detail::device_guard on(device_, std::nothrow);
+    guard on(device_, std::nothrow);
     const bool unwinding = std::uncaught_exceptions() > unwinding_at_start_;
     if (!failed_ && !unwinding && quiesce()) {
-      (void)ncclCommFinalize(comm_);
-      (void)ncclCommDestroy(comm_);
+      (void)N::comm_finalize(comm_);
+      (void)N::comm_destroy(comm_);
     } else if (comm_ != nullptr) {  // (quiesce() aborts itself on an asynchronous error)
-      (void)ncclCommAbort(comm_);
+      (void)N::comm_abort(comm_);
     }
     comm_ = nullptr;
   }
@@ -152,17 +218,17 @@ class nccl {
   /// A device workspace of `bytes` bytes (cudaMalloc). Before releasing a previous one,
   /// waits for the work that uses it (the fence), polling NCCL's asynchronous errors.
   std::byte* reserve(std::size_t bytes) {
-    detail::device_guard on(device_);
+    guard on(device_);
     check_alive();
     if (mem_.get() != nullptr) wait_for_fence();
-    mem_ = device_memory(bytes);
+    mem_ = basic_device_memory<R>(bytes);
     return mem_.get();
   }
 
   /// Orders the caller's coming writes to the workspace after the previous exchange's
   /// work, whatever its stream (the fence). NCCL reads the sends in stream order.
   void prepare_send(cudaStream_t stream) {
-    detail::device_guard on(device_);
+    guard on(device_);
     check_alive();
     fence_.order(stream);
   }
@@ -174,15 +240,15 @@ class nccl {
   void exchange(std::span<const device_message> sends, std::span<const device_message> recvs, cudaStream_t stream,
                 F&& arrived) {
     if (sends.empty() && recvs.empty()) return;
-    detail::device_guard on(device_);
+    guard on(device_);
     check_alive();
     fence_.order(stream);
     {
       group g(*this);
-      for (const auto& m : recvs) call(ncclRecv(mem_.get() + m.offset, m.bytes, ncclUint8, m.peer, comm_, stream),
-                                       "cgx::comm::nccl: ncclRecv");
-      for (const auto& m : sends) call(ncclSend(mem_.get() + m.offset, m.bytes, ncclUint8, m.peer, comm_, stream),
-                                       "cgx::comm::nccl: ncclSend");
+      for (const auto& m : recvs)
+        call(N::recv(mem_.get() + m.offset, m.bytes, ncclUint8, m.peer, comm_, stream), "cgx::comm::nccl: ncclRecv");
+      for (const auto& m : sends)
+        call(N::send(mem_.get() + m.offset, m.bytes, ncclUint8, m.peer, comm_, stream), "cgx::comm::nccl: ncclSend");
       g.end();
     }
     for (std::size_t i = 0; i < recvs.size(); ++i)
@@ -190,8 +256,8 @@ class nccl {
     fence_.record(stream);
   }
 
-  /// Collective: element-wise maximum over all ranks (host values, over MPI).
-  void max_all(std::span<std::int64_t> v) { x_.max_all(v); }
+  /// Collective: element-wise maximum over all ranks (host values, over the bootstrap).
+  void max_all(std::span<std::int64_t> v) { comm::max_all(x_, v, gathered_); }
 
   /// ncclAllReduce (sum, in place) of d_buf[0..n) on `stream`; does not block the host.
   template <class T>
@@ -199,10 +265,10 @@ class nccl {
              std::is_same_v<T, __nv_bfloat16>)
   void native_allreduce(T* d_buf, std::size_t n, cudaStream_t stream) {
     if (n == 0) return;
-    detail::device_guard on(device_);
+    guard on(device_);
     check_alive();
     fence_.order(stream);
-    call(ncclAllReduce(d_buf, d_buf, n, detail::nccl_type<T>(), ncclSum, comm_, stream),
+    call(N::all_reduce(d_buf, d_buf, n, detail::nccl_type<T>(), ncclSum, comm_, stream),
          "cgx::comm::nccl: ncclAllReduce");
     fence_.record(stream);
   }
@@ -212,20 +278,20 @@ class nccl {
   /// reached (a call inside the group threw: NCCL discards the group's operations).
   class group {
    public:
-    explicit group(nccl& x) : x_(x) { x_.call(ncclGroupStart(), "cgx::comm::nccl: ncclGroupStart"); }
+    explicit group(basic_nccl& x) : x_(x) { x_.call(N::group_start(), "cgx::comm::nccl: ncclGroupStart"); }
     group(const group&) = delete;
     group& operator=(const group&) = delete;
     /// Ends the group: NCCL enqueues its operations on the stream.
     void end() {
       open_ = false;
-      x_.call(ncclGroupEnd(), "cgx::comm::nccl: ncclGroupEnd");
+      x_.call(N::group_end(), "cgx::comm::nccl: ncclGroupEnd");
     }
     ~group() {
-      if (open_) (void)ncclGroupEnd();
+      if (open_) (void)N::group_end();
     }
 
    private:
-    nccl& x_;
+    basic_nccl& x_;
     bool open_ = true;
   };
 
@@ -233,16 +299,20 @@ class nccl {
   void call(ncclResult_t r, const char* what) {
     if (r == ncclSuccess) return;
     failed_ = true;
-    detail::nccl_check(r, what, comm_);
+    detail::nccl_check<N>(r, what, comm_);
   }
 
-  /// Throws when the communicator was aborted, or when NCCL reports an asynchronous
-  /// error (which aborts it).
+  /// Throws when the communicator was aborted, when an NCCL call of this transport failed
+  /// before, or when NCCL reports an asynchronous error (which aborts it).
   void check_alive() {
     if (comm_ == nullptr)
       throw cgx::error(errc::transport, "cgx::comm::nccl: the NCCL communicator was aborted after an error");
+    if (failed_)
+      throw cgx::error(errc::transport,
+                       "cgx::comm::nccl: an NCCL call of this transport failed before; its communicator is unusable "
+                       "(destroy the plan: it aborts the communicator)");
     ncclResult_t async = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
+    const ncclResult_t r = N::comm_get_async_error(comm_, &async);
     if (r != ncclSuccess) async = r;
     if (async != ncclSuccess && async != ncclInProgress) abort_and_throw(async);
   }
@@ -250,8 +320,8 @@ class nccl {
   [[noreturn]] void abort_and_throw(ncclResult_t async) {
     failed_ = true;
     const std::string msg =
-        detail::nccl_message(async, "cgx::comm::nccl: an earlier NCCL operation (asynchronous error)", comm_);
-    (void)ncclCommAbort(comm_);
+        detail::nccl_message<N>(async, "cgx::comm::nccl: an earlier NCCL operation (asynchronous error)", comm_);
+    (void)N::comm_abort(comm_);
     comm_ = nullptr;
     throw cgx::error(errc::transport, msg + "; the communicator was aborted");
   }
@@ -277,13 +347,19 @@ class nccl {
     }
   }
 
-  mpi x_;
+  using guard = detail::basic_device_guard<R>;
+
+  any_bootstrap x_;
+  std::vector<std::byte> gathered_;  // max_all's gather buffer (argument checks, every call)
   int device_ = 0;
   ncclComm_t comm_ = nullptr;
   bool failed_ = false;                                // an NCCL call failed: abort on destruction
   int unwinding_at_start_ = std::uncaught_exceptions();  // > this in the destructor: unwinding
-  workspace_fence fence_;
-  device_memory mem_;
+  basic_workspace_fence<R> fence_;
+  basic_device_memory<R> mem_;
 };
+
+/// The NCCL transport over the CUDA runtime and NCCL (see basic_nccl).
+using nccl = basic_nccl<cuda_runtime, nccl_api>;
 
 }  // namespace cgx::comm
