@@ -58,16 +58,14 @@ class allgather_plan : public detail::plan_base<X> {
 
   /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes.
   allgather_plan(X transport, std::size_t max_count, plan_options opts = {})
-      : base(std::move(transport), max_count, opts, "allgather_plan") {
-    this->own_workspace(workspace_bytes(max_count, this->x_.size()));
+      : base(std::move(transport), max_count, opts, "allgather_plan", workspace_bytes) {
     reqs_.reserve(2 * static_cast<std::size_t>(this->x_.size()));
   }
 
   /// Collective. Uses the caller's workspace (at least workspace_bytes(max_count,
   /// transport.size()) bytes, outliving the plan); throws cgx::error(errc::workspace) if smaller.
   allgather_plan(X transport, std::size_t max_count, std::span<std::byte> workspace, plan_options opts = {})
-      : base(std::move(transport), max_count, opts, "allgather_plan") {
-    this->use_workspace(workspace, workspace_bytes(max_count, this->x_.size()));
+      : base(std::move(transport), max_count, workspace, opts, "allgather_plan", workspace_bytes) {
     reqs_.reserve(2 * static_cast<std::size_t>(this->x_.size()));
   }
 
@@ -80,9 +78,7 @@ class allgather_plan : public detail::plan_base<X> {
   /// a call of this plan.
   void operator()(const T* in, std::size_t count, T* out) {
     const auto claimed = this->claim();
-    detail::check_call(this->x_, this->opts_.check, "allgather_plan", in == nullptr || out == nullptr, count,
-                       this->max_count_, signature());
-    claimed.begin(this->x_, signature(), count);
+    this->begin_call(claimed, in == nullptr || out == nullptr, count, signature());
     const int p = this->x_.size();
     const int me = this->x_.rank();
     const quant::rng_state rng0 = this->next_rng();

@@ -33,8 +33,15 @@ namespace cgx {
 /// The workspace is sized and allocated once, at construction (or given by the caller),
 /// and reused by every call. Construction and every call are collective: every rank
 /// of the transport must make them, in the same order.
+///
+/// Like every plan it also has (from its base, detail::plan_base): transport(), the
+/// transport (e.g. to read rank() and size()); max_count(), the largest count a call may
+/// pass; workspace_size(), the bytes of workspace in use; calls(), the number of
+/// compressed calls completed or started (the stochastic-rounding call counter; calls
+/// that took the native path are not counted); options(), the options the plan was made
+/// with (native_below_bytes as given: possibly auto_threshold).
 template <class T, class Q, class R, class X>
-class allreduce_plan {
+class allreduce_plan : public detail::plan_base<X> {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "cgx::allreduce_plan: T must be float or double");
   static_assert(quantizer_for<Q, T>,
@@ -47,6 +54,7 @@ class allreduce_plan {
                 "isend(), irecv(), wait_all() and max_all()");
 
   using schedule_type = typename R::template schedule<T, Q, X>;
+  using base = detail::plan_base<X>;
 
  public:
   using value_type = T;          ///< the element type of the buffers
@@ -63,21 +71,18 @@ class allreduce_plan {
   /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes, and picks
   /// the native-allreduce threshold (see native_below_bytes()).
   allreduce_plan(X transport, std::size_t max_count, plan_options opts = {})
-      : x_(std::move(transport)), max_count_(max_count), opts_(opts), sched_(x_) {
-    validate_options();
-    const std::size_t bytes = workspace_bytes(max_count_, x_.size());
-    owned_ = detail::allocate_workspace(bytes, "allreduce_plan", max_count_, x_.size());
-    ws_ = std::span<std::byte>(owned_.get(), bytes);
+      : base(std::move(transport), max_count, opts, "allreduce_plan", typename base::defer_setup{}), sched_(this->x_) {
+    this->setup();
+    this->own_workspace(workspace_bytes(max_count, this->x_.size()));
   }
 
   /// Collective. Uses the caller's workspace, which must hold at least
   /// workspace_bytes(max_count, transport.size()) bytes and outlive the plan.
   /// Throws cgx::error(errc::workspace) if it is too small for this communicator.
   allreduce_plan(X transport, std::size_t max_count, std::span<std::byte> workspace, plan_options opts = {})
-      : x_(std::move(transport)), max_count_(max_count), opts_(opts), sched_(x_), ws_(workspace) {
-    validate_options();
-    const std::size_t need = workspace_bytes(max_count_, x_.size());
-    detail::require_workspace(workspace, need, "allreduce_plan", max_count_, x_.size());
+      : base(std::move(transport), max_count, opts, "allreduce_plan", typename base::defer_setup{}), sched_(this->x_) {
+    this->setup();
+    this->use_workspace(workspace, workspace_bytes(max_count, this->x_.size()));
   }
 
   /// Sums buf[0..n) over all ranks, in place, blocking. Collective: every rank calls it
@@ -87,11 +92,10 @@ class allreduce_plan {
   /// once, before any communication, when another thread is in a call of this plan
   /// (operator(), start() or wait()) or a start()ed reduction is still in flight.
   void operator()(T* buf, std::size_t n) {
-    const detail::call_guard g(busy_, "allreduce_plan");
+    const auto claimed = this->claim();
     if (in_flight_.load(std::memory_order_relaxed))
       throw error(errc::invalid_argument, "allreduce_plan: a started reduction is still in flight; call wait() first");
-    check(buf, n);
-    g.begin(x_, sig_, n);
+    this->begin_call(claimed, buf == nullptr, n, sig_);
     reduce(buf, n);
   }
 
@@ -104,12 +108,13 @@ class allreduce_plan {
   /// Throws errc::invalid_argument while a reduction is in flight, and at once when
   /// another thread is in a call of this plan.
   void start(T* buf, std::size_t n) {
-    const detail::call_guard g(busy_, "allreduce_plan::start");
+    const detail::call_guard g(this->busy_, "allreduce_plan::start");
     if (in_flight_.load(std::memory_order_relaxed))
       throw error(errc::invalid_argument, "allreduce_plan: start() while a reduction is in flight");
-    if constexpr (requires { x_.require_thread_level(); }) x_.require_thread_level();
-    check(buf, n);
-    if constexpr (requires { x_.begin_call(comm::call_context{}); }) x_.begin_call(comm::call_context{sig_, n});
+    X& x = this->x_;
+    if constexpr (requires { x.require_thread_level(); }) x.require_thread_level();
+    detail::check_call(x, this->opts_.check, "allreduce_plan", buf == nullptr, n, this->max_count_, sig_);
+    if constexpr (requires { x.begin_call(comm::call_context{}); }) x.begin_call(comm::call_context{sig_, n});
     failure_ = nullptr;
     worker_ = std::thread([this, buf, n] {
       try {
@@ -117,8 +122,8 @@ class allreduce_plan {
       } catch (...) {
         failure_ = std::current_exception();
         // Tell the peers, as a blocking call's guard would (see detail::call_guard).
-        if constexpr (requires { x_.abort(errc::transport, std::string()); })
-          x_.abort(errc::transport, "allreduce_plan: a rank threw during the call");
+        if constexpr (requires { this->x_.abort(errc::transport, std::string()); })
+          this->x_.abort(errc::transport, "allreduce_plan: a rank threw during the call");
       }
     });
     in_flight_.store(true, std::memory_order_release);
@@ -127,7 +132,7 @@ class allreduce_plan {
   /// Completes the reduction begun by start(); rethrows what it threw. No-op if none.
   /// Throws errc::invalid_argument at once when another thread is in a call of this plan.
   void wait() {
-    const detail::call_guard g(busy_, "allreduce_plan::wait");
+    const detail::call_guard g(this->busy_, "allreduce_plan::wait");
     if (!in_flight_.load(std::memory_order_relaxed)) return;
     worker_.join();
     in_flight_.store(false, std::memory_order_release);
@@ -140,30 +145,16 @@ class allreduce_plan {
   allreduce_plan(const allreduce_plan&) = delete;
   allreduce_plan& operator=(const allreduce_plan&) = delete;
   /// Lets a call running on another thread return, then waits for a reduction still in
-  /// flight (errors are dropped: call wait() to see them). The reduction needs every
-  /// peer's matching call: if a peer never makes it, the destructor never returns (as
-  /// wait() would not). Destroying the plan while another thread may still *start* a
-  /// call of it is a use after free, as for any object.
+  /// flight (errors are dropped: call wait() to see them); its base then frees the
+  /// plan's own workspace. The reduction needs every peer's matching call: if a peer
+  /// never makes it, the destructor never returns (as wait() would not). Destroying the
+  /// plan while another thread may still *start* a call of it is a use after free, as
+  /// for any object.
   ~allreduce_plan() {
-    detail::call_guard::wait_idle(busy_);
+    detail::call_guard::wait_idle(this->busy_);
     if (in_flight_.load(std::memory_order_acquire)) worker_.join();
-    detail::release_workspace(x_, owned_);
   }
 
-  /// The transport (e.g. to read rank() and size()).
-  X& transport() noexcept { return x_; }
-  /// The transport, read-only.
-  const X& transport() const noexcept { return x_; }
-  /// Largest count a call may pass.
-  std::size_t max_count() const noexcept { return max_count_; }
-  /// Bytes of workspace in use.
-  std::size_t workspace_size() const noexcept { return ws_.size(); }
-  /// Number of compressed calls completed or started (the stochastic-rounding call
-  /// counter); calls that took the native path are not counted.
-  std::uint32_t calls() const noexcept { return calls_; }
-  /// The options the plan was made with (native_below_bytes as given: possibly
-  /// auto_threshold).
-  const plan_options& options() const noexcept { return opts_; }
   /// The native-allreduce threshold in use: calls of fewer bytes (n * sizeof(T)) go
   /// through the transport's own uncompressed allreduce, where it has one. The value of
   /// plan_options::native_below_bytes, or for auto_threshold the plan's pick, made at
@@ -173,45 +164,27 @@ class allreduce_plan {
 
  private:
   void reduce(T* buf, std::size_t n) {
-    if constexpr (requires { x_.native_allreduce(buf, n); }) {
+    X& x = this->x_;
+    if constexpr (requires { x.native_allreduce(buf, n); }) {
       if (n * sizeof(T) < native_below_) {
-        x_.native_allreduce(buf, n);
+        x.native_allreduce(buf, n);
         return;
       }
     }
-    quant::rng_state rng;
-    rng.seed = opts_.seed;
-    rng.counter = calls_++;
-    sched_.run(buf, n, x_, ws_.data(), rng, quant::host_exec{opts_.threads});
-  }
-
-  void validate_options() {
-    if (opts_.threads < 1) throw error(errc::invalid_argument, "allreduce_plan: plan_options::threads must be >= 1");
-    detail::configure_transport(x_, opts_.timeout_ms, opts_.verify);
+    sched_.run(buf, n, x, this->ws_.data(), this->next_rng(), quant::host_exec{this->opts_.threads});
   }
 
   /// A number that differs between plans of different T, Q or R.
   static std::int64_t signature() { return detail::plan_signature<T, Q>(R::name).value(); }
 
-  void check(const T* buf, std::size_t n) {
-    detail::check_call(x_, opts_.check, "allreduce_plan", buf == nullptr, n, max_count_, sig_);
-  }
-
-  X x_;
-  std::size_t max_count_;
-  plan_options opts_;
   // Collective (before the schedule's own setup, in the same order on every rank).
-  std::size_t native_below_ = detail::resolve_native_below(x_, opts_.native_below_bytes);
+  std::size_t native_below_ = detail::resolve_native_below(this->x_, this->opts_.native_below_bytes);
   // Ranks must also agree on the native-allreduce threshold, or some would take the
   // native path while others run the schedule.
   std::int64_t sig_ = signature() ^ static_cast<std::int64_t>(native_below_ * 0x9E3779B97F4A7C15ull >> 2);
   schedule_type sched_;
-  std::unique_ptr<std::byte[]> owned_;
-  std::span<std::byte> ws_;
-  std::uint32_t calls_ = 0;
   std::thread worker_;
   std::atomic<bool> in_flight_{false};  // between start() and wait(); written under busy_
-  std::atomic<bool> busy_{false};       // held by a call in progress (detail::call_guard)
   std::exception_ptr failure_;
 };
 

@@ -57,16 +57,12 @@ class broadcast_plan : public detail::plan_base<X> {
 
   /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes.
   broadcast_plan(X transport, std::size_t max_count, plan_options opts = {})
-      : base(std::move(transport), max_count, opts, "broadcast_plan") {
-    this->own_workspace(workspace_bytes(max_count, this->x_.size()));
-  }
+      : base(std::move(transport), max_count, opts, "broadcast_plan", workspace_bytes) {}
 
   /// Collective. Uses the caller's workspace (at least workspace_bytes(max_count,
   /// transport.size()) bytes, outliving the plan); throws cgx::error(errc::workspace) if smaller.
   broadcast_plan(X transport, std::size_t max_count, std::span<std::byte> workspace, plan_options opts = {})
-      : base(std::move(transport), max_count, opts, "broadcast_plan") {
-    this->use_workspace(workspace, workspace_bytes(max_count, this->x_.size()));
-  }
+      : base(std::move(transport), max_count, workspace, opts, "broadcast_plan", workspace_bytes) {}
 
   /// Replaces buf[0..n) on every rank by the root's values (decoded). Collective: every
   /// rank calls it with the same n and root. Throws cgx::error, leaving buf untouched,
@@ -80,9 +76,8 @@ class broadcast_plan : public detail::plan_base<X> {
     const bool bad_root = root < 0 || root >= p;
     detail::signature_hash h = detail::plan_signature<T, Q>("broadcast");
     h.mix(static_cast<std::uint64_t>(static_cast<std::uint32_t>(root)));
-    detail::check_call(this->x_, this->opts_.check, "broadcast_plan", buf == nullptr, n, this->max_count_, h.value(),
-                       bad_root, [&] { return "root " + std::to_string(root) + " outside [0, " + std::to_string(p) + ")"; });
-    claimed.begin(this->x_, h.value(), n);
+    this->begin_call(claimed, buf == nullptr, n, h.value(), bad_root,
+                     [&] { return "root " + std::to_string(root) + " outside [0, " + std::to_string(p) + ")"; });
     const quant::rng_state rng0 = this->next_rng();
     if (p == 1 || n == 0) return;
     const int me = this->x_.rank();

@@ -142,10 +142,8 @@ class error_bounded_plan : public detail::plan_base<X> {
     std::memcpy(&bits, &bound, sizeof(bits));
     h.mix(bits);
     h.mix(native_below_);
-    detail::check_call(this->x_, this->opts_.check, "error_bounded_plan", buf == nullptr, n, this->max_count_,
-                       h.value(), bad_bound,
-                       [&] { return "the bound " + std::to_string(bound) + " is not a finite positive number"; });
-    claimed.begin(this->x_, h.value(), n);
+    this->begin_call(claimed, buf == nullptr, n, h.value(), bad_bound,
+                     [&] { return "the bound " + std::to_string(bound) + " is not a finite positive number"; });
     const int p = this->x_.size();
     stats_ = {};
     stats_.bound = bound;

@@ -184,6 +184,13 @@ void check_call(X& x, checking level, const char* who, bool null_buffer, std::si
                                           "options (threshold, root, bound); no data was moved");
 }
 
+/// check_call without a caller-defined error.
+template <class X>
+void check_call(X& x, checking level, const char* who, bool null_buffer, std::size_t n, std::size_t max_count,
+                std::int64_t signature) {
+  check_call(x, level, who, null_buffer, n, max_count, signature, false, [] { return std::string(); });
+}
+
 /// The native-allreduce threshold a plan over transport `x` uses when asked for
 /// `requested` bytes (plan_options::native_below_bytes): `requested` itself unless it is
 /// auto_threshold; then default_native_below_bytes_one_node if `x.single_node()` says
@@ -306,38 +313,80 @@ class call_guard {
   mutable void (*abort_)(void*, const char*) noexcept = nullptr;
 };
 
-/// What the plans other than allreduce_plan share: the transport, the capacity, the
-/// options, the workspace (owned or the caller's) and the call counter that keys
-/// stochastic rounding. Derived plans size the workspace in their constructors.
+/// What every plan shares: the transport, the capacity, the options, the workspace (owned
+/// or the caller's), the call counter that keys stochastic rounding, and the flag a call
+/// holds (call_guard). A plan that sizes its workspace from its own arguments and
+/// transport only passes its static workspace_bytes to the constructors that take a
+/// workspace_fn; allreduce_plan, whose own collective setup must come first, uses
+/// defer_setup and calls setup() and own_workspace() / use_workspace() itself.
 template <class X>
 class plan_base {
  public:
   /// The transport (e.g. to read rank() and size()).
   X& transport() noexcept { return x_; }
-  /// The transport.
+  /// The transport, read-only.
   const X& transport() const noexcept { return x_; }
   /// Largest count a call may pass.
   std::size_t max_count() const noexcept { return max_count_; }
   /// Bytes of workspace in use.
   std::size_t workspace_size() const noexcept { return ws_.size(); }
-  /// Number of calls so far (the stochastic-rounding call counter).
+  /// Number of calls so far that drew a random state (the stochastic-rounding call
+  /// counter); allreduce_plan's calls that take the native path are not counted.
   std::uint32_t calls() const noexcept { return calls_; }
-  /// The options the plan was made with.
+  /// The options the plan was made with (native_below_bytes as given: possibly
+  /// auto_threshold).
   const plan_options& options() const noexcept { return opts_; }
 
   plan_base(const plan_base&) = delete;
   plan_base& operator=(const plan_base&) = delete;
 
  protected:
+  /// A plan's workspace size for `max_count` values on `ranks` ranks (its static workspace_bytes).
+  using workspace_fn = std::size_t (*)(std::size_t max_count, int ranks);
+  /// Selects the constructor that only stores its arguments (see setup()).
+  struct defer_setup {};
+
+  /// Stores the arguments; the plan calls setup() before its first message.
+  plan_base(X transport, std::size_t max_count, plan_options opts, const char* who, defer_setup)
+      : x_(std::move(transport)), max_count_(max_count), opts_(opts), who_(who) {}
+  /// Stores the arguments and calls setup().
   plan_base(X transport, std::size_t max_count, plan_options opts, const char* who)
-      : x_(std::move(transport)), max_count_(max_count), opts_(opts), who_(who) {
-    if (opts_.threads < 1) throw error(errc::invalid_argument, std::string(who_) + ": plan_options::threads must be >= 1");
-    configure_transport(x_, opts_.timeout_ms, opts_.verify);
+      : plan_base(std::move(transport), max_count, opts, who, defer_setup{}) {
+    setup();
+  }
+  /// As above, then allocates size(max_count, transport.size()) bytes of workspace.
+  plan_base(X transport, std::size_t max_count, plan_options opts, const char* who, workspace_fn size)
+      : plan_base(std::move(transport), max_count, opts, who) {
+    own_workspace(size(max_count_, x_.size()));
+  }
+  /// As above, but uses the caller's workspace: throws cgx::error(errc::workspace) if it
+  /// holds fewer than size(max_count, transport.size()) bytes.
+  plan_base(X transport, std::size_t max_count, std::span<std::byte> workspace, plan_options opts, const char* who,
+            workspace_fn size)
+      : plan_base(std::move(transport), max_count, opts, who) {
+    use_workspace(workspace, size(max_count_, x_.size()));
   }
   ~plan_base() { release_workspace(x_, owned_); }
 
+  /// Checks plan_options::threads and gives the transport its wait limit and integrity
+  /// option (configure_transport).
+  void setup() {
+    if (opts_.threads < 1) throw error(errc::invalid_argument, std::string(who_) + ": plan_options::threads must be >= 1");
+    configure_transport(x_, opts_.timeout_ms, opts_.verify);
+  }
+
   /// Claims the plan for one call (throws if another thread is in a call of it).
   [[nodiscard]] call_guard claim() { return call_guard(busy_, who_); }
+
+  /// Checks the arguments of a call of n values that the caller has `claimed`
+  /// (check_call under the plan's name, checking level and max_count; `extra`: a
+  /// caller-defined error and its message), then begins it (call_guard::begin).
+  template <class... Extra>
+  void begin_call(const call_guard& claimed, bool null_buffer, std::size_t n, std::int64_t signature,
+                  const Extra&... extra) {
+    check_call(x_, opts_.check, who_, null_buffer, n, max_count_, signature, extra...);
+    claimed.begin(x_, signature, n);
+  }
 
   /// Allocates `bytes` of workspace; throws cgx::error(errc::workspace) if that fails.
   void own_workspace(std::size_t bytes) {
@@ -368,13 +417,6 @@ class plan_base {
   std::uint32_t calls_ = 0;
   std::atomic<bool> busy_{false};  // held by a call in progress (call_guard)
 };
-
-/// check_call without a caller-defined error.
-template <class X>
-void check_call(X& x, checking level, const char* who, bool null_buffer, std::size_t n, std::size_t max_count,
-                std::int64_t signature) {
-  check_call(x, level, who, null_buffer, n, max_count, signature, false, [] { return std::string(); });
-}
 
 }  // namespace detail
 }  // namespace cgx

@@ -63,17 +63,14 @@ class reduce_scatter_plan : public detail::plan_base<X> {
 
   /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes.
   reduce_scatter_plan(X transport, std::size_t max_count, plan_options opts = {})
-      : base(std::move(transport), max_count, opts, "reduce_scatter_plan"), sched_(this->x_) {
-    this->own_workspace(workspace_bytes(max_count, this->x_.size()));
-  }
+      : base(std::move(transport), max_count, opts, "reduce_scatter_plan", workspace_bytes), sched_(this->x_) {}
 
   /// Collective. Uses the caller's workspace of at least workspace_bytes(max_count,
   /// transport.size()) bytes, which must outlive the plan; throws
   /// cgx::error(errc::workspace) if it is smaller.
   reduce_scatter_plan(X transport, std::size_t max_count, std::span<std::byte> workspace, plan_options opts = {})
-      : base(std::move(transport), max_count, opts, "reduce_scatter_plan"), sched_(this->x_) {
-    this->use_workspace(workspace, workspace_bytes(max_count, this->x_.size()));
-  }
+      : base(std::move(transport), max_count, workspace, opts, "reduce_scatter_plan", workspace_bytes),
+        sched_(this->x_) {}
 
   /// Sums buf[0..n) over all ranks and leaves this rank's chunk of the sum in
   /// buf[chunk_of(n, size(), rank())]. Collective: every rank calls it with the same n.
@@ -83,9 +80,7 @@ class reduce_scatter_plan : public detail::plan_base<X> {
   /// a call of this plan.
   void operator()(T* buf, std::size_t n) {
     const auto claimed = this->claim();
-    detail::check_call(this->x_, this->opts_.check, "reduce_scatter_plan", buf == nullptr, n, this->max_count_,
-                       signature());
-    claimed.begin(this->x_, signature(), n);
+    this->begin_call(claimed, buf == nullptr, n, signature());
     sched_.scatter_reduce(buf, n, this->x_, this->ws_.data(), this->next_rng(), quant::host_exec{this->opts_.threads});
   }
 
