@@ -58,12 +58,7 @@ struct maxmin {
   template <class T>
   static void compress(const T* in, std::size_t n, std::byte* out, const rng_state& rng = {},
                        host_exec ex = {}) {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                  "cgx::quant::maxmin host kernels take float or double");
-    if (n == 0) return;
-    const host_isa isa = active_host_isa();
-    const std::size_t nb = layout<T>::buckets(n);
-    for_each_range(ex, nb, [&](std::size_t b0, std::size_t b1) {
+    for_buckets<T>(n, ex, [&](host_isa isa, std::size_t b0, std::size_t b1) {
       simd::compress_buckets<Bits, BucketSize, Rounding, T>(isa, in, n, out, rng, b0, b1);
     });
   }
@@ -83,14 +78,20 @@ struct maxmin {
  private:
   template <class T, bool Add>
   static void decode(const std::byte* in, std::size_t n, T* out, host_exec ex) {
+    for_buckets<T>(n, ex, [&](host_isa isa, std::size_t b0, std::size_t b1) {
+      simd::decode_buckets<Bits, BucketSize, Add, T>(isa, in, n, out, b0, b1);
+    });
+  }
+
+  // Runs kernel(isa, b0, b1) on the buckets [b0, b1) of n values of T, the ranges split
+  // over ex's threads (for_each_range), isa the CPU's kernels (chosen once per call).
+  template <class T, class Kernel>
+  static void for_buckets(std::size_t n, host_exec ex, Kernel&& kernel) {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                   "cgx::quant::maxmin host kernels take float or double");
     if (n == 0) return;
     const host_isa isa = active_host_isa();
-    const std::size_t nb = layout<T>::buckets(n);
-    for_each_range(ex, nb, [&](std::size_t b0, std::size_t b1) {
-      simd::decode_buckets<Bits, BucketSize, Add, T>(isa, in, n, out, b0, b1);
-    });
+    for_each_range(ex, layout<T>::buckets(n), [&](std::size_t b0, std::size_t b1) { kernel(isa, b0, b1); });
   }
 };
 
