@@ -39,6 +39,7 @@
 #include "../quant/host_exec.hpp"
 #include "../quant/rounding.hpp"
 #include "chunking.hpp"
+#include "schedule_base.hpp"
 #include "../detail/tags.hpp"
 #include "../schedule/ring.hpp"
 
@@ -58,16 +59,14 @@ struct ring {
 
   /// The schedule for values T, quantizer Q and transport X; the plan owns the workspace.
   template <class T, class Q, class X>
-  class schedule {
+  class schedule : public detail::schedule_base<T, Q> {
    public:
-    static constexpr std::size_t granule = granule_of<Q>;  ///< chunk boundaries fall on multiples of this many values
 
     /// p slots for the compressed chunks of the allgather, plus one send and one
     /// receive slot for the reduce-scatter (schedule::ring's workspace).
     /// Throws cgx::error(errc::invalid_argument) if that size does not fit (detail/checked.hpp).
     static std::size_t workspace_bytes(std::size_t n, int p) {
-      cgx::detail::check_raw_bytes(n, sizeof(T));
-      return cgx::detail::checked_mul(description::slots(p), description::make(n, p, granule, bytes).slot);
+      return base::workspace(n, [&] { return cgx::detail::checked_mul(description::slots(p), description::make(n, p, granule_of<Q>, bytes).slot); });
     }
 
     /// Binds to the plan's transport; allocates nothing.
@@ -75,7 +74,7 @@ struct ring {
 
     /// The values of chunk c of n on p ranks (bucket-aligned, balanced). Rank r finishes
     /// the sum of chunk r + 1 mod p (schedule::ring::owned), not of chunk r.
-    static chunk chunk_of(std::size_t n, int p, int c) { return comm::chunk_of(n, p, c, granule); }
+    static chunk chunk_of(std::size_t n, int p, int c) { return comm::chunk_of(n, p, c, granule_of<Q>); }
 
     /// In place sum over all ranks of buf[0..n). Collective. Chunks, peers, slots, keys
     /// and the order of sums: schedule::ring.
@@ -83,7 +82,7 @@ struct ring {
       const int p = x.size();
       const int me = x.rank();
       if (p == 1 || n == 0) return;
-      const description d = description::make(n, p, granule, bytes);
+      const description d = description::make(n, p, granule_of<Q>, bytes);
       std::byte* const sbuf = ws + d.send_slot();
       std::byte* const rbuf = ws + d.recv_slot();
 
@@ -127,6 +126,7 @@ struct ring {
     }
 
    private:
+    using base = detail::schedule_base<T, Q>;
     using description = ::cgx::schedule::ring;
     static constexpr ::cgx::schedule::size_fn bytes = &Q::template compressed_bytes<T>;
 

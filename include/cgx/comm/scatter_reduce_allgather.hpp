@@ -37,6 +37,7 @@
 #include "../concepts.hpp"
 #include "../detail/checked.hpp"
 #include "chunking.hpp"
+#include "schedule_base.hpp"
 #include "../quant/host_exec.hpp"
 #include "../quant/rounding.hpp"
 #include "../detail/tags.hpp"
@@ -58,16 +59,14 @@ struct scatter_reduce_allgather {
   /// The schedule for values T, quantizer Q, transport X. Holds no buffers of its own
   /// beyond a request list sized at construction; the plan gives it the workspace.
   template <class T, class Q, class X>
-  class schedule {
+  class schedule : public detail::schedule_base<T, Q> {
    public:
-    static constexpr std::size_t granule = granule_of<Q>;  ///< chunk boundaries fall on multiples of this many values
 
     /// Bytes of workspace for up to n values on p ranks: p slots each for what this rank
     /// sends, what it receives in the scatter-reduce, and what it receives in the allgather.
     /// Throws cgx::error(errc::invalid_argument) if that size does not fit (detail/checked.hpp).
     static std::size_t workspace_bytes(std::size_t n, int p) {
-      cgx::detail::check_raw_bytes(n, sizeof(T));
-      return cgx::detail::checked_mul(description::slots(p), description::slot_bytes(n, p, granule, sizeof(T), bytes));
+      return base::workspace(n, [&] { return cgx::detail::checked_mul(description::slots(p), description::slot_bytes(n, p, granule_of<Q>, sizeof(T), bytes)); });
     }
 
     /// Binds to the plan's transport; allocates only its own request lists.
@@ -92,7 +91,7 @@ struct scatter_reduce_allgather {
       const int p = x.size();
       const int me = x.rank();
       if (p == 1 || n == 0) return;
-      const description d = description::pipelined(n, p, granule, sizeof(T), bytes);
+      const description d = description::pipelined(n, p, granule_of<Q>, sizeof(T), bytes);
       auto at = [&](int phase, int k, int r) -> int& {
         return first_[(static_cast<std::size_t>(phase) * max_pieces + static_cast<std::size_t>(k)) * static_cast<std::size_t>(p) +
                       static_cast<std::size_t>(r)];
@@ -155,7 +154,7 @@ struct scatter_reduce_allgather {
     }
 
     /// Pieces per chunk of run()'s pipeline for n values on p ranks (the same on every rank).
-    static int pieces(std::size_t n, int p) { return description::pieces(n, p, granule, sizeof(T)); }
+    static int pieces(std::size_t n, int p) { return description::pieces(n, p, granule_of<Q>, sizeof(T)); }
 
     /// Phases 1 and 2: afterwards buf[chunk_of(n, p, rank)] holds the decoded
     /// (re-quantized) sum of this rank's chunk, bit for bit what run() leaves there, and
@@ -165,7 +164,7 @@ struct scatter_reduce_allgather {
       const int p = x.size();
       const int me = x.rank();
       if (p == 1 || n == 0) return;
-      const description d = description::two_phase(n, p, granule, sizeof(T), bytes);
+      const description d = description::two_phase(n, p, granule_of<Q>, sizeof(T), bytes);
       const piece_t mine = d.piece(me, 0);
 
       reqs_.clear();
@@ -195,7 +194,7 @@ struct scatter_reduce_allgather {
       const int p = x.size();
       const int me = x.rank();
       if (p == 1 || n == 0) return;
-      const description d = description::two_phase(n, p, granule, sizeof(T), bytes);
+      const description d = description::two_phase(n, p, granule_of<Q>, sizeof(T), bytes);
       const piece_t mine = d.piece(me, 0);
       reqs_.clear();
       for (int r = 0; r < p; ++r) {
@@ -213,9 +212,10 @@ struct scatter_reduce_allgather {
     }
 
     /// The values owned by rank r.
-    static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule); }
+    static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule_of<Q>); }
 
    private:
+    using base = detail::schedule_base<T, Q>;
     using description = ::cgx::schedule::sra;
     using piece_t = description::piece_t;
     static constexpr ::cgx::schedule::size_fn bytes = &Q::template compressed_bytes<T>;

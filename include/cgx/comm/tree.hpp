@@ -42,6 +42,7 @@
 #include "../quant/host_exec.hpp"
 #include "../quant/rounding.hpp"
 #include "chunking.hpp"
+#include "schedule_base.hpp"
 #include "../detail/tags.hpp"
 #include "../schedule/tree.hpp"
 
@@ -64,25 +65,25 @@ struct tree {
 
   /// The schedule for values T, quantizer Q and transport X; the plan owns the workspace.
   template <class T, class Q, class X>
-  class schedule {
+  class schedule : public detail::schedule_base<T, Q> {
    public:
-    static constexpr std::size_t granule = granule_of<Q>;  ///< chunk boundaries fall on multiples of this many values
 
     /// q slots for the compressed chunks, then two whole compressed buffers: the
     /// receive slot of the fold and of the halving, and the halving's send slot
     /// (schedule::tree's workspace).
     /// Throws cgx::error(errc::invalid_argument) if that size does not fit (detail/checked.hpp).
     static std::size_t workspace_bytes(std::size_t n, int p) {
-      cgx::detail::check_raw_bytes(n, sizeof(T));
-      const description d = description::make(n, p, granule, bytes);
-      return cgx::detail::checked_add(cgx::detail::checked_mul(static_cast<std::size_t>(d.q), d.slot), cgx::detail::checked_mul(2, d.whole));
+      return base::workspace(n, [&] {
+        const description d = description::make(n, p, granule_of<Q>, bytes);
+        return cgx::detail::checked_add(cgx::detail::checked_mul(static_cast<std::size_t>(d.q), d.slot), cgx::detail::checked_mul(2, d.whole));
+      });
     }
 
     /// Binds to the plan's transport; allocates only its own request list.
     explicit schedule(X& x) { reqs_.reserve(2 * static_cast<std::size_t>(description::pow2(x.size())) + 2); }
 
     /// The values of chunk c of the q-way cut of n (bucket-aligned, balanced).
-    static chunk chunk_of(std::size_t n, int q, int c) { return comm::chunk_of(n, q, c, granule); }
+    static chunk chunk_of(std::size_t n, int q, int c) { return comm::chunk_of(n, q, c, granule_of<Q>); }
 
     /// In place sum over all ranks of buf[0..n). Collective. Chunks, peers, virtual
     /// ranks, slots, keys and the order of sums: schedule::tree.
@@ -90,7 +91,7 @@ struct tree {
       const int p = x.size();
       const int me = x.rank();
       if (p == 1 || n == 0) return;
-      const description d = description::make(n, p, granule, bytes);
+      const description d = description::make(n, p, granule_of<Q>, bytes);
       const int q = d.q;
       auto cslot = [&](int c) { return ws + d.chunk_slot(c); };
       std::byte* const scratch = ws + d.scratch();
@@ -180,6 +181,7 @@ struct tree {
     }
 
    private:
+    using base = detail::schedule_base<T, Q>;
     using description = ::cgx::schedule::tree;
     static constexpr ::cgx::schedule::size_fn bytes = &Q::template compressed_bytes<T>;
 

@@ -27,6 +27,7 @@
 #include "../quant/host_exec.hpp"
 #include "../quant/rounding.hpp"
 #include "chunking.hpp"
+#include "schedule_base.hpp"
 #include "../detail/tags.hpp"
 #include "../schedule/direct_reduce_scatter.hpp"
 
@@ -45,17 +46,16 @@ struct uncompressed {
 
   /// The schedule for values T, quantizer Q and transport X; the plan owns the workspace.
   template <class T, class Q, class X>
-  class schedule {
+  class schedule : public detail::schedule_base<T, Q> {
    public:
-    static constexpr std::size_t granule = granule_of<Q>;  ///< chunk boundaries fall on multiples of this many values
 
     /// Bytes of workspace for up to n values on p ranks: the p - 1 incoming parts of
     /// this rank's chunk (schedule::direct_reduce_scatter's part slots).
     /// Throws cgx::error(errc::invalid_argument) if that size does not fit (detail/checked.hpp).
     static std::size_t workspace_bytes(std::size_t n, int p) {
-      cgx::detail::check_raw_bytes(n, sizeof(T));
-      if (p <= 1) return 0;
-      return cgx::detail::checked_mul(description::slots(p), description::make(n, p, granule, sizeof(T)).slot);
+      return base::workspace(n, [&]() -> std::size_t {
+        return p <= 1 ? 0 : cgx::detail::checked_mul(description::slots(p), description::make(n, p, granule_of<Q>, sizeof(T)).slot);
+      });
     }
 
     /// Binds to the plan's transport; allocates only its own request lists.
@@ -74,7 +74,7 @@ struct uncompressed {
       const int p = x.size();
       const int me = x.rank();
       if (p == 1 || n == 0) return;
-      const description d = description::make(n, p, granule, sizeof(T));
+      const description d = description::make(n, p, granule_of<Q>, sizeof(T));
       const chunk mine = d.chunk_of(me);
       reqs_.clear();
       if (mine.count != 0)
@@ -101,7 +101,7 @@ struct uncompressed {
       const int p = x.size();
       const int me = x.rank();
       if (p == 1 || n == 0) return;
-      const description d = description::make(n, p, granule, sizeof(T));
+      const description d = description::make(n, p, granule_of<Q>, sizeof(T));
       const chunk mine = d.chunk_of(me);
       reqs_.clear();
       for (int r = 0; r < p; ++r) {
@@ -115,9 +115,10 @@ struct uncompressed {
     }
 
     /// The values owned by rank r.
-    static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule); }
+    static chunk chunk_of(std::size_t n, int p, int r) { return comm::chunk_of(n, p, r, granule_of<Q>); }
 
    private:
+    using base = detail::schedule_base<T, Q>;
     using description = ::cgx::schedule::direct_reduce_scatter;
 
     static constexpr int tag_scatter = cgx::detail::tag_value(cgx::detail::tag::uncompressed_scatter);
