@@ -161,54 +161,45 @@ struct scatter_reduce_allgather {
     /// the workspace holds its compressed bytes for allgather(). The rest of buf is
     /// left as it was. Collective. Chunks, peers, slots and keys: schedule::sra::two_phase.
     void scatter_reduce(T* buf, std::size_t n, X& x, std::byte* ws, const quant::rng_state& rng, quant::host_exec ex) {
-      const int p = x.size();
-      const int me = x.rank();
-      if (p == 1 || n == 0) return;
-      const description d = description::two_phase(n, p, granule_of<Q>, sizeof(T), bytes);
-      const piece_t mine = d.piece(me, 0);
-
-      reqs_.clear();
-      if (mine.bytes != 0)
-        for (int r = 0; r < p; ++r)
-          if (r != me) reqs_.push_back(x.irecv(ws + d.recv_slot(r), mine.bytes, r, tag_scatter));  // reqs_[r - (r > me)]
-      const std::size_t nrecv = reqs_.size();
-      for (int step = 1; step < p; ++step) {
-        const int r = d.to(me, step);
-        const piece_t c = d.piece(r, 0);
-        if (c.values.count == 0) continue;
-        Q::template compress<T>(buf + c.values.begin, c.values.count, ws + d.send_slot(r),
-                                ::cgx::schedule::keyed(rng, description::contribution_key(me, c.values)), ex);
-        reqs_.push_back(x.isend(ws + d.send_slot(r), c.bytes, r, tag_scatter));
-      }
-      if (mine.values.count != 0) {
-        add_parts(d, me, mine, buf, ws, ex, [&](int r) { x.wait_all(std::span(reqs_.data() + (r - (r > me ? 1 : 0)), 1)); });
-        compress_sum(d, me, mine, buf, ws + d.send_slot(me), rng, ex);
-      }
-      x.wait_all(std::span(reqs_.data() + nrecv, reqs_.size() - nrecv));
-      reqs_.clear();
+      phase(n, x, [&](int p, int me, const description& d, const piece_t mine) {
+        if (mine.bytes != 0)
+          for (int r = 0; r < p; ++r)
+            if (r != me) reqs_.push_back(x.irecv(ws + d.recv_slot(r), mine.bytes, r, tag_scatter));  // reqs_[r - (r > me)]
+        const std::size_t nrecv = reqs_.size();
+        for (int step = 1; step < p; ++step) {
+          const int r = d.to(me, step);
+          const piece_t c = d.piece(r, 0);
+          if (c.values.count == 0) continue;
+          Q::template compress<T>(buf + c.values.begin, c.values.count, ws + d.send_slot(r),
+                                  ::cgx::schedule::keyed(rng, description::contribution_key(me, c.values)), ex);
+          reqs_.push_back(x.isend(ws + d.send_slot(r), c.bytes, r, tag_scatter));
+        }
+        if (mine.values.count != 0) {
+          add_parts(d, me, mine, buf, ws, ex, [&](int r) { x.wait_all(std::span(reqs_.data() + (r - (r > me ? 1 : 0)), 1)); });
+          compress_sum(d, me, mine, buf, ws + d.send_slot(me), rng, ex);
+        }
+        x.wait_all(std::span(reqs_.data() + nrecv, reqs_.size() - nrecv));
+        reqs_.clear();
+      });
     }
 
     /// Phase 3, after scatter_reduce(): every rank's compressed sum goes to every rank,
     /// which decodes it into buf. Collective.
     void allgather(T* buf, std::size_t n, X& x, std::byte* ws, quant::host_exec ex) {
-      const int p = x.size();
-      const int me = x.rank();
-      if (p == 1 || n == 0) return;
-      const description d = description::two_phase(n, p, granule_of<Q>, sizeof(T), bytes);
-      const piece_t mine = d.piece(me, 0);
-      reqs_.clear();
-      for (int r = 0; r < p; ++r) {
-        const piece_t g = d.piece(r, 0);
-        if (r != me && g.values.count != 0) reqs_.push_back(x.irecv(ws + d.gather_slot(r), g.bytes, r, tag_gather));
-      }
-      if (mine.bytes != 0)
-        for (int step = 1; step < p; ++step) reqs_.push_back(x.isend(ws + d.send_slot(me), mine.bytes, d.to(me, step), tag_gather));
-      x.wait_all(std::span(reqs_));
-      reqs_.clear();
-      for (int r = 0; r < p; ++r) {
-        const piece_t g = d.piece(r, 0);
-        if (r != me && g.values.count != 0) Q::template decompress<T>(ws + d.gather_slot(r), g.values.count, buf + g.values.begin, ex);
-      }
+      phase(n, x, [&](int p, int me, const description& d, const piece_t mine) {
+        for (int r = 0; r < p; ++r) {
+          const piece_t g = d.piece(r, 0);
+          if (r != me && g.values.count != 0) reqs_.push_back(x.irecv(ws + d.gather_slot(r), g.bytes, r, tag_gather));
+        }
+        if (mine.bytes != 0)
+          for (int step = 1; step < p; ++step) reqs_.push_back(x.isend(ws + d.send_slot(me), mine.bytes, d.to(me, step), tag_gather));
+        x.wait_all(std::span(reqs_));
+        reqs_.clear();
+        for (int r = 0; r < p; ++r) {
+          const piece_t g = d.piece(r, 0);
+          if (r != me && g.values.count != 0) Q::template decompress<T>(ws + d.gather_slot(r), g.values.count, buf + g.values.begin, ex);
+        }
+      });
     }
 
     /// The values owned by rank r.
@@ -222,6 +213,19 @@ struct scatter_reduce_allgather {
 
     static constexpr int tag_scatter = cgx::detail::tag_value(cgx::detail::tag::sra_scatter);
     static constexpr int tag_gather = cgx::detail::tag_value(cgx::detail::tag::sra_gather);
+
+    // Starts one phase of scatter_reduce() and allgather() on n values over x: nothing on one
+    // rank or for n = 0; otherwise body(p, me, d, mine) with the two-phase description,
+    // this rank's piece and the request list cleared.
+    template <class Body>
+    void phase(std::size_t n, X& x, Body&& body) {
+      const int p = x.size();
+      const int me = x.rank();
+      if (p == 1 || n == 0) return;
+      const description d = description::two_phase(n, p, granule_of<Q>, sizeof(T), bytes);
+      reqs_.clear();
+      body(p, me, d, d.piece(me, 0));
+    }
 
     static constexpr std::size_t max_pieces = description::max_pieces;
 

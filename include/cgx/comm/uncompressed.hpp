@@ -71,47 +71,39 @@ struct uncompressed {
     /// of buf is unspecified. Collective. Chunks, peers, part slots and the order of sums:
     /// schedule::direct_reduce_scatter.
     void reduce_scatter(T* buf, std::size_t n, X& x, std::byte* ws, quant::host_exec ex) {
-      const int p = x.size();
-      const int me = x.rank();
-      if (p == 1 || n == 0) return;
-      const description d = description::make(n, p, granule_of<Q>, sizeof(T));
-      const chunk mine = d.chunk_of(me);
-      reqs_.clear();
-      if (mine.count != 0)
-        for (int r = 0; r < p; ++r)
-          if (r != me) reqs_.push_back(x.irecv(ws + d.part_slot(me, r), mine.count * sizeof(T), r, tag_scatter));  // reqs_[r - (r > me)]
-      const std::size_t nrecv = reqs_.size();
-      for (int step = 1; step < p; ++step) {
-        const int r = d.to(me, step);
-        const chunk c = d.chunk_of(r);
-        if (c.count != 0) reqs_.push_back(x.isend(buf + c.begin, c.count * sizeof(T), r, tag_scatter));
-      }
-      if (mine.count != 0) {
-        for (int i = 0; i + 1 < p; ++i) {
-          const int r = description::addend(me, i);
-          x.wait_all(std::span(reqs_.data() + (r - (r > me ? 1 : 0)), 1));
-          quant::none::template decompress_add<T>(ws + d.part_slot(me, r), mine.count, buf + mine.begin, ex);
+      phase(n, x, [&](int p, int me, const description& d, const chunk mine) {
+        if (mine.count != 0)
+          for (int r = 0; r < p; ++r)
+            if (r != me) reqs_.push_back(x.irecv(ws + d.part_slot(me, r), mine.count * sizeof(T), r, tag_scatter));  // reqs_[r - (r > me)]
+        const std::size_t nrecv = reqs_.size();
+        for (int step = 1; step < p; ++step) {
+          const int r = d.to(me, step);
+          const chunk c = d.chunk_of(r);
+          if (c.count != 0) reqs_.push_back(x.isend(buf + c.begin, c.count * sizeof(T), r, tag_scatter));
         }
-      }
-      x.wait_all(std::span(reqs_.data() + nrecv, reqs_.size() - nrecv));
+        if (mine.count != 0) {
+          for (int i = 0; i + 1 < p; ++i) {
+            const int r = description::addend(me, i);
+            x.wait_all(std::span(reqs_.data() + (r - (r > me ? 1 : 0)), 1));
+            quant::none::template decompress_add<T>(ws + d.part_slot(me, r), mine.count, buf + mine.begin, ex);
+          }
+        }
+        x.wait_all(std::span(reqs_.data() + nrecv, reqs_.size() - nrecv));
+      });
     }
 
     /// Copies every rank's chunk to all ranks. Collective.
     void allgather(T* buf, std::size_t n, X& x) {
-      const int p = x.size();
-      const int me = x.rank();
-      if (p == 1 || n == 0) return;
-      const description d = description::make(n, p, granule_of<Q>, sizeof(T));
-      const chunk mine = d.chunk_of(me);
-      reqs_.clear();
-      for (int r = 0; r < p; ++r) {
-        if (r == me) continue;
-        const chunk c = d.chunk_of(r);
-        if (c.count != 0) reqs_.push_back(x.irecv(buf + c.begin, c.count * sizeof(T), r, tag_gather));
-      }
-      if (mine.count != 0)
-        for (int step = 1; step < p; ++step) reqs_.push_back(x.isend(buf + mine.begin, mine.count * sizeof(T), d.to(me, step), tag_gather));
-      x.wait_all(std::span(reqs_));
+      phase(n, x, [&](int p, int me, const description& d, const chunk mine) {
+        for (int r = 0; r < p; ++r) {
+          if (r == me) continue;
+          const chunk c = d.chunk_of(r);
+          if (c.count != 0) reqs_.push_back(x.irecv(buf + c.begin, c.count * sizeof(T), r, tag_gather));
+        }
+        if (mine.count != 0)
+          for (int step = 1; step < p; ++step) reqs_.push_back(x.isend(buf + mine.begin, mine.count * sizeof(T), d.to(me, step), tag_gather));
+        x.wait_all(std::span(reqs_));
+      });
     }
 
     /// The values owned by rank r.
@@ -123,6 +115,19 @@ struct uncompressed {
 
     static constexpr int tag_scatter = cgx::detail::tag_value(cgx::detail::tag::uncompressed_scatter);
     static constexpr int tag_gather = cgx::detail::tag_value(cgx::detail::tag::uncompressed_gather);
+
+    // Starts one phase of reduce_scatter() and allgather() on n values over x: nothing on one
+    // rank or for n = 0; otherwise body(p, me, d, mine) with this rank's chunk and the
+    // request list cleared.
+    template <class Body>
+    void phase(std::size_t n, X& x, Body&& body) {
+      const int p = x.size();
+      const int me = x.rank();
+      if (p == 1 || n == 0) return;
+      const description d = description::make(n, p, granule_of<Q>, sizeof(T));
+      reqs_.clear();
+      body(p, me, d, d.chunk_of(me));
+    }
 
     std::vector<typename X::request> reqs_;
   };
