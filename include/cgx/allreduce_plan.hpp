@@ -54,7 +54,6 @@ class allreduce_plan : public detail::plan_base<X> {
                 "isend(), irecv(), wait_all() and max_all()");
 
   using schedule_type = typename R::template schedule<T, Q, X>;
-  using base = detail::plan_base<X>;
 
  public:
   using value_type = T;          ///< the element type of the buffers
@@ -71,7 +70,7 @@ class allreduce_plan : public detail::plan_base<X> {
   /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes, and picks
   /// the native-allreduce threshold (see native_below_bytes()).
   allreduce_plan(X transport, std::size_t max_count, plan_options opts = {})
-      : base(std::move(transport), max_count, opts, "allreduce_plan", typename base::defer_setup{}), sched_(this->x_) {
+      : detail::plan_base<X>(std::move(transport), max_count, opts, "allreduce_plan", detail::defer_setup), sched_(this->x_) {
     this->setup();
     this->own_workspace(workspace_bytes(max_count, this->x_.size()));
   }
@@ -80,7 +79,7 @@ class allreduce_plan : public detail::plan_base<X> {
   /// workspace_bytes(max_count, transport.size()) bytes and outlive the plan.
   /// Throws cgx::error(errc::workspace) if it is too small for this communicator.
   allreduce_plan(X transport, std::size_t max_count, std::span<std::byte> workspace, plan_options opts = {})
-      : base(std::move(transport), max_count, opts, "allreduce_plan", typename base::defer_setup{}), sched_(this->x_) {
+      : detail::plan_base<X>(std::move(transport), max_count, opts, "allreduce_plan", detail::defer_setup), sched_(this->x_) {
     this->setup();
     this->use_workspace(workspace, workspace_bytes(max_count, this->x_.size()));
   }

@@ -313,6 +313,11 @@ class call_guard {
   mutable void (*abort_)(void*, const char*) noexcept = nullptr;
 };
 
+/// Selects plan_base's constructor that only stores its arguments (see plan_base::setup()).
+struct defer_setup_t {};
+/// The tag of that constructor.
+inline constexpr defer_setup_t defer_setup{};
+
 /// What every plan shares: the transport, the capacity, the options, the workspace (owned
 /// or the caller's), the call counter that keys stochastic rounding, and the flag a call
 /// holds (call_guard). A plan that sizes its workspace from its own arguments and
@@ -343,15 +348,12 @@ class plan_base {
  protected:
   /// A plan's workspace size for `max_count` values on `ranks` ranks (its static workspace_bytes).
   using workspace_fn = std::size_t (*)(std::size_t max_count, int ranks);
-  /// Selects the constructor that only stores its arguments (see setup()).
-  struct defer_setup {};
-
   /// Stores the arguments; the plan calls setup() before its first message.
-  plan_base(X transport, std::size_t max_count, plan_options opts, const char* who, defer_setup)
+  plan_base(X transport, std::size_t max_count, plan_options opts, const char* who, defer_setup_t)
       : x_(std::move(transport)), max_count_(max_count), opts_(opts), who_(who) {}
   /// Stores the arguments and calls setup().
   plan_base(X transport, std::size_t max_count, plan_options opts, const char* who)
-      : plan_base(std::move(transport), max_count, opts, who, defer_setup{}) {
+      : plan_base(std::move(transport), max_count, opts, who, defer_setup) {
     setup();
   }
   /// As above, then allocates size(max_count, transport.size()) bytes of workspace.
