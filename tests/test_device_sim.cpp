@@ -337,20 +337,29 @@ TEST_CASE("nccl (simulated): a call that fails inside the send/receive group clo
   const int p = 3;
   std::vector<int> depth_after(p, -1);
   std::vector<std::string> later(p);
+  std::atomic<bool> rank1_done{false};
   const auto caught = nccl_fault(w, p, [&](int r, auto& plan, float* d, std::size_t n, cudaStream_t s) {
-    if (r == 1) sim::w().nccl_fail_next_call(1);
+    if (r != 1) {
+      // The peers call once rank 1 has failed (so that no peer's abort reaches rank 1
+      // first), enqueue work that waits for rank 1 forever, and give up.
+      while (!rank1_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      plan(d, n, s);
+      throw std::runtime_error("rank " + std::to_string(r) + " gives up after its peer's failure");
+    }
+    sim::w().nccl_fail_next_call(1);
     try {
       plan(d, n, s);
     } catch (const cgx::error&) {
-      depth_after[static_cast<std::size_t>(r)] = sim::world::nccl_group_depth();
+      depth_after[1] = sim::world::nccl_group_depth();
       try {
         plan(d, n, s);  // must throw too: the transport failed
       } catch (const cgx::error& e) {
-        later[static_cast<std::size_t>(r)] = e.what();
+        later[1] = e.what();
       }
+      rank1_done = true;
       throw;
     }
-    throw std::runtime_error("rank " + std::to_string(r) + " gives up after its peer's failure");
+    rank1_done = true;
   });
   INFO("violations:\n" << joined(w.violations()));
   CHECK(w.violations().empty());

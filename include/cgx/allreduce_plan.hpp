@@ -116,13 +116,14 @@ class allreduce_plan : public detail::plan_base<X> {
     if constexpr (requires { x.begin_call(comm::call_context{}); }) x.begin_call(comm::call_context{sig_, n});
     failure_ = nullptr;
     worker_ = std::thread([this, buf, n] {
+      X& xw = this->x_;  // (nvcc's front end rejects this-> inside the requires below)
       try {
         reduce(buf, n);
       } catch (...) {
         failure_ = std::current_exception();
         // Tell the peers, as a blocking call's guard would (see detail::call_guard).
-        if constexpr (requires { this->x_.abort(errc::transport, std::string()); })
-          this->x_.abort(errc::transport, "allreduce_plan: a rank threw during the call");
+        if constexpr (requires { xw.abort(errc::transport, std::string()); })
+          xw.abort(errc::transport, "allreduce_plan: a rank threw during the call");
       }
     });
     in_flight_.store(true, std::memory_order_release);
