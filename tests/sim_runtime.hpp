@@ -23,7 +23,8 @@
 //    streams), freeing an exported allocation or destroying an exported event while a
 //    peer has not closed its import (or closed it without an ordering to the free: the
 //    teardown rule of CUDA IPC), using an event whose exporter destroyed it, touching
-//    freed memory, and ranges past an allocation's end.
+//    freed memory, ranges past an allocation's end, and work enqueued on a stream of
+//    another device than the current one (a world may have several devices).
 // Violations are collected (world::violations()), never thrown: a test checks that
 // none happened and prints them when some did.
 #pragma once
@@ -159,7 +160,8 @@ struct nccl_group {
 
 struct stream_obj {
   int actor = 0;
-  int rank = 0;  // the rank (host thread's) that created it
+  int rank = 0;    // the rank (host thread's) that created it
+  int device = 0;  // the device current at its creation
   vclock clock;
   std::deque<op> q;
   std::uint64_t enqueued = 0, done = 0;
@@ -207,6 +209,7 @@ class world {
     auto s = std::make_unique<stream_obj>();
     s->actor = new_actor("stream of rank " + std::to_string(rank_of_[static_cast<std::size_t>(h)]));
     s->rank = rank_of_[static_cast<std::size_t>(h)];
+    s->device = device_of_thread();
     s->clock = clock_[static_cast<std::size_t>(h)];
     stream_obj* raw = s.get();
     streams_.push_back(std::move(s));
@@ -911,6 +914,7 @@ class world {
     auto st = std::make_unique<stream_obj>();
     st->actor = new_actor("default stream of rank " + std::to_string(rank));
     st->rank = rank;
+    st->device = device_of_thread();
     stream_obj* raw = st.get();
     streams_.push_back(std::move(st));
     null_stream_[rank] = raw;
@@ -934,6 +938,11 @@ class world {
   }
   // Work enqueued by host thread h on st is ordered after everything h has done.
   void enqueue_clock(stream_obj& st, int h) {
+    // CUDA rejects work (kernels, copies, event records and waits) for a stream of
+    // another device than the current one.
+    if (st.device != device_of_thread())
+      report(h, "enqueues work on a stream of device " + std::to_string(st.device) + " while device " +
+                    std::to_string(device_of_thread()) + " is current");
     tick(h);
     join(st.clock, clock_[static_cast<std::size_t>(h)]);
     if (st.clock.size() <= static_cast<std::size_t>(st.actor)) st.clock.resize(static_cast<std::size_t>(st.actor) + 1, 0);

@@ -313,6 +313,7 @@ std::vector<std::string> nccl_fault(sim::world& w, int p, Fault fault, After aft
     try {
       cgx::plan_options o;
       o.native_below_bytes = 0;
+      o.check = cgx::checking::local;  // the scenarios call on some ranks only (collective checks would wait)
       cgx::device_allreduce_plan<float, Q, cgx::comm::scatter_reduce_allgather, sim_nccl> plan{
           sim_nccl{sim::thread_bootstrap(g, r)}, n, o};
       plan(d, n, s);
@@ -405,6 +406,41 @@ TEST_CASE("nccl (simulated): a rank unwinding alone aborts instead of a collecti
 }
 
 #endif  // CGX_SIM_NCCL
+
+TEST_CASE("device plans on a second device: each call makes the transport's device current and restores the caller's") {
+  // Issue 19 defect 7: a process driving several GPUs. Each rank builds its plan on device
+  // 1 and calls it with device 0 current.
+  sim::world w(91, 2);
+  sim::scope use(w);
+  const int p = 2;
+  auto g = std::make_shared<sim::group>(p);
+  std::vector<int> after(p, -1);
+  on_ranks(w, p, [&](int r) {
+    REQUIRE(sim::runtime::set_device(1) == cudaSuccess);
+    cudaStream_t s = sim::w().create_stream();
+    const std::size_t n = 3000;
+    void* mem = nullptr;
+    REQUIRE(sim::runtime::malloc(&mem, n * sizeof(float)) == cudaSuccess);
+    auto* d = static_cast<float*>(mem);
+    auto v = input(r, n, 0);
+    sim::runtime::memcpy_async(d, v.data(), n * sizeof(float), cudaMemcpyHostToDevice, s);
+    {
+      cgx::plan_options o;
+      o.native_below_bytes = 0;
+      cgx::device_allreduce_plan<float, Q, cgx::comm::scatter_reduce_allgather, sim_ipc> plan{
+          sim_ipc{sim::thread_bootstrap(g, r)}, n, o};
+      REQUIRE(sim::runtime::set_device(0) == cudaSuccess);
+      plan(d, n, s);
+      sim::runtime::get_device(&after[static_cast<std::size_t>(r)]);
+      REQUIRE(sim::runtime::set_device(1) == cudaSuccess);
+      sim::runtime::stream_synchronize(s);
+    }
+    sim::runtime::free(mem);
+  });
+  INFO("violations:\n" << joined(w.violations()));
+  CHECK(w.violations().empty());
+  CHECK(after == std::vector<int>{0, 0});
+}
 
 TEST_CASE("cuda_ipc on the simulated runtime: a workspace replaced by reserve() and the teardown follow CUDA IPC's order") {
   for (const std::uint64_t seed : {5u, 6u, 7u}) {

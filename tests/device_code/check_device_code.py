@@ -38,6 +38,12 @@ KNOWN_SPILLS = {
 }  # 2^-16: rounding_offsets<stochastic>::get, a 16-bit integer times it
 
 
+# The largest kernel body allowed, in PTX instructions: the biggest hot kernel (bucket
+# 16384, 8 positions per lane, fully unrolled on purpose) has about 8 k; a per-lane loop
+# unrolled without bound for a bucket of 2^20 gives tens of thousands (issue 19 defect 5).
+MAX_INSTRUCTIONS = 20000
+
+
 def parse_entries(ptx):
     """{entry name: [(opcode, [operands], text)]} of every .entry of a PTX file."""
     entries = {}
@@ -281,6 +287,9 @@ def main():
         if len(ours) < a.expect_kernels:
             failures.append(f"{tag}: {len(ours)} kernels in the PTX, expected at least {a.expect_kernels}")
         for e, body in sorted(ours.items()):
+            if len(body) > MAX_INSTRUCTIONS:
+                failures.append(f"{tag}: {e}: {len(body)} PTX instructions, more than {MAX_INSTRUCTIONS} "
+                                "(a loop unrolled without bound? CGX_UNROLL in config.hpp)")
             n_fp = sum(1 for op, _, _ in body if fp_type(op))
             if n_fp == 0:
                 failures.append(f"{tag}: {e}: no floating-point instruction found (parse error?)")
