@@ -104,7 +104,6 @@ struct allocation {
 
 struct event_obj {
   int id = 0;
-  int owner = 0;  // host actor
   bool interprocess = false;
   bool destroyed = false;
   std::uint64_t records = 0;
@@ -137,7 +136,7 @@ struct nccl_group;
 struct nccl_comm_obj {
   nccl_group* g = nullptr;
   int rank = 0;
-  bool aborted = false, finalized = false, destroyed = false;
+  bool aborted = false, destroyed = false;
   ncclResult_t async = ncclSuccess;
   std::uint64_t allreduces = 0;
   std::string last_error;
@@ -150,11 +149,6 @@ struct nccl_group {
   std::map<std::tuple<int, int, std::uint64_t>, std::vector<std::byte>> box;  // (src, dst, seq)
   std::map<std::pair<int, int>, std::uint64_t> sent, received;               // per (src, dst)
   std::map<std::uint64_t, std::vector<std::vector<std::byte>>> deposits;       // all-reduce seq -> per rank
-  bool any_aborted() const {
-    for (auto* c : comms)
-      if (c->aborted) return true;
-    return false;
-  }
 };
 #endif  // CGX_SIM_NCCL
 
@@ -321,7 +315,6 @@ class world {
     tick(h);
     auto ev = std::make_unique<event_obj>();
     ev->id = static_cast<int>(events_.size()) + 1;
-    ev->owner = h;
     ev->interprocess = (flags & cudaEventInterprocess) != 0;
     auto ref = std::make_unique<event_ref>();
     ref->target = ev.get();
@@ -726,7 +719,6 @@ class world {
     std::unique_lock<std::mutex> l(m_);
     const int h = host_of_this_thread();
     auto* obj = reinterpret_cast<nccl_comm_obj*>(c);
-    obj->finalized = true;
     nccl_group* g = obj->g;
     ++g->finalized;
     cv_.notify_all();

@@ -71,7 +71,7 @@ using sim_nccl = cgx::comm::basic_nccl<sim::runtime, sim::nccl>;
 /// How a scenario makes rank r's device transport.
 struct over_ipc {
   using type = sim_ipc;
-  std::shared_ptr<sim::group> g = std::make_shared<sim::group>(4);
+  std::shared_ptr<sim::group> g;
   explicit over_ipc(int p) : g(std::make_shared<sim::group>(p)) {}
   type make(int r) const { return type{sim::thread_bootstrap(g, r)}; }
 };
