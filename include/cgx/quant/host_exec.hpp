@@ -3,8 +3,11 @@
 /// How host kernels use threads. One thread by default: a caller that already runs
 /// one rank per core must not get more threads than it asked for.
 
+#include <algorithm>
 #include <cstddef>
+#include <system_error>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace cgx::quant {
@@ -13,6 +16,31 @@ namespace cgx::quant {
 struct host_exec {
   int threads = 1;  ///< threads to split a call over (by whole buckets); 1 = the calling thread only
 };
+
+namespace detail {
+
+/// The threaded part of for_each_range, compiled once per program rather than once per
+/// kernel: fn(ctx, begin, end) on t ranges, range 0 on the calling thread. A thread that
+/// cannot be started (std::system_error) leaves its ranges to the calling thread.
+inline void for_each_range_threaded(std::size_t t, std::size_t count, void (*fn)(void*, std::size_t, std::size_t),
+                                    void* ctx) {
+  std::vector<std::thread> pool;
+  pool.reserve(t - 1);
+  std::size_t started = 1;
+  for (; started < t; ++started) {
+    const std::size_t i = started;
+    try {
+      pool.emplace_back([fn, ctx, i, t, count] { fn(ctx, count * i / t, count * (i + 1) / t); });
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
+  fn(ctx, 0, count / t);
+  if (started < t) fn(ctx, count * started / t, count);
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace detail
 
 /// Calls f(begin, end) on disjoint ranges covering [0, count), on up to ex.threads threads
 /// (the calling thread takes the first range).
@@ -23,13 +51,10 @@ void for_each_range(host_exec ex, std::size_t count, F&& f) {
     if (count > 0) f(std::size_t{0}, count);
     return;
   }
-  std::vector<std::thread> pool;
-  pool.reserve(t - 1);
-  for (std::size_t i = 1; i < t; ++i) {
-    pool.emplace_back([&f, i, t, count] { f(count * i / t, count * (i + 1) / t); });
-  }
-  f(std::size_t{0}, count / t);
-  for (auto& th : pool) th.join();
+  using Fn = std::remove_reference_t<F>;
+  detail::for_each_range_threaded(
+      t, count, [](void* ctx, std::size_t b, std::size_t e) { (*static_cast<Fn*>(ctx))(b, e); },
+      const_cast<void*>(static_cast<const void*>(&f)));
 }
 
 }  // namespace cgx::quant

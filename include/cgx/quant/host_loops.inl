@@ -3,19 +3,22 @@
 // inside that set's namespace (after its `struct kernels`), so that the loop, the
 // bucket parameters and the kernels compile into one function per instruction set.
 
-/// Compresses buckets [b0, b1) of in[0..n) into out (the whole compressed buffer).
-template <int Bits, std::size_t BucketSize, class Rounding, class T>
-void compress_buckets(const T* in, std::size_t n, std::byte* out, const rng_state& rng, std::size_t b0,
-                      std::size_t b1) {
+/// Compresses buckets [b0, b1) of in[0..n) into out (the whole compressed buffer of
+/// buckets of `bucket` values: wire_layout<Bits, bucket>). The bucket size is an argument,
+/// not a template parameter: the kernels depend on it only through loop bounds, so one
+/// compiled loop per (Bits, Rounding, T, instruction set) serves every bucket size.
+template <int Bits, class Rounding, class T>
+void compress_buckets(const T* in, std::size_t n, std::size_t bucket, std::byte* out, const rng_state& rng,
+                      std::size_t b0, std::size_t b1) {
   using M = meta_t<T>;
-  using layout = wire_layout<Bits, BucketSize, M>;
-  auto* codes_base = reinterpret_cast<std::uint8_t*>(out);
+  auto* codes_base = reinterpret_cast<std::uint8_t*>(out) + detail::meta_bytes<M>(n, bucket);
+  const std::size_t bucket_code_bytes = static_cast<std::size_t>(Bits) * (bucket / 8);
   for (std::size_t b = b0; b < b1; ++b) {
-    const std::size_t first = b * BucketSize;
-    const std::size_t count = n - first < BucketSize ? n - first : BucketSize;
+    const std::size_t first = b * bucket;
+    const std::size_t count = n - first < bucket ? n - first : bucket;
     const auto S = static_cast<std::uint32_t>((count + 7) / 8);
     const T* x = in + first;
-    std::uint8_t* codes = codes_base + layout::codes_offset(n, b);
+    std::uint8_t* codes = codes_base + b * bucket_code_bytes;
     M mn, mx;
     bool finite;
     kernels::bucket_minmax<M>(x, count, mn, mx, finite);
@@ -29,8 +32,8 @@ void compress_buckets(const T* in, std::size_t n, std::byte* out, const rng_stat
     if (p.wide) {  // values near the limits of M: rare, scalar
       detail::host_encode_bucket<Bits, Rounding, true, false, T, M, true>(x, count, S, 0, p.min, p.inv, codes, rng,
                                                                           gfirst);
-    } else if (count == BucketSize) {
-      const T* next = b + 1 < b1 ? x + BucketSize : nullptr;
+    } else if (count == bucket) {
+      const T* next = b + 1 < b1 ? x + bucket : nullptr;
       const M scale = p.scaled ? detail::rescale_factor<M>() : M(1);
       const std::uint32_t j0 = kernels::bucket_encode<Bits, Rounding, M>(x, S, p.min, p.inv, scale, codes, rng, gfirst, next);
       if (j0 < S) {
@@ -47,24 +50,25 @@ void compress_buckets(const T* in, std::size_t n, std::byte* out, const rng_stat
   }
 }
 
-/// Decodes buckets [b0, b1) of the compressed buffer `in` of n values into out
-/// (Add: out += decoded).
-template <int Bits, std::size_t BucketSize, bool Add, class T>
-void decode_buckets(const std::byte* in, std::size_t n, T* out, std::size_t b0, std::size_t b1) {
+/// Decodes buckets [b0, b1) of the compressed buffer `in` of n values (buckets of
+/// `bucket` values) into out (Add: out += decoded).
+template <int Bits, bool Add, class T>
+void decode_buckets(const std::byte* in, std::size_t n, std::size_t bucket, T* out, std::size_t b0,
+                    std::size_t b1) {
   using M = meta_t<T>;
-  using layout = wire_layout<Bits, BucketSize, M>;
-  const auto* codes_base = reinterpret_cast<const std::uint8_t*>(in);
+  const auto* codes_base = reinterpret_cast<const std::uint8_t*>(in) + detail::meta_bytes<M>(n, bucket);
+  const std::size_t bucket_code_bytes = static_cast<std::size_t>(Bits) * (bucket / 8);
   for (std::size_t b = b0; b < b1; ++b) {
-    const std::size_t first = b * BucketSize;
-    const std::size_t count = n - first < BucketSize ? n - first : BucketSize;
+    const std::size_t first = b * bucket;
+    const std::size_t count = n - first < bucket ? n - first : bucket;
     const auto S = static_cast<std::uint32_t>((count + 7) / 8);
     M mn, unit;
     detail::load_meta<M>(in, b, mn, unit);
-    const std::uint8_t* codes = codes_base + layout::codes_offset(n, b);
+    const std::uint8_t* codes = codes_base + b * bucket_code_bytes;
     if (is_wide<Bits, M>(mn, unit)) {  // values near the limits of M: rare, scalar
       detail::host_decode_bucket<Bits, Add, true, T, M, true>(codes, count, S, 0, mn, unit, out + first);
-    } else if (count == BucketSize) {
-      const T* next = b + 1 < b1 ? out + first + BucketSize : nullptr;
+    } else if (count == bucket) {
+      const T* next = b + 1 < b1 ? out + first + bucket : nullptr;
       const std::uint32_t j0 = kernels::bucket_decode<Bits, Add, M>(codes, S, mn, unit, out + first, next);
       detail::host_decode_bucket<Bits, Add, false>(codes, count, S, j0, mn, unit, out + first);
     } else {

@@ -96,35 +96,36 @@ inline constexpr int vector_bytes = 16;
 #endif
 
 /// compress_buckets of the instruction set `isa` (scalar when this build lacks it).
-template <int Bits, std::size_t BucketSize, class Rounding, class T>
-void compress_buckets(host_isa isa, const T* in, std::size_t n, std::byte* out, const rng_state& rng,
-                      std::size_t b0, std::size_t b1) {
+template <int Bits, class Rounding, class T>
+void compress_buckets(host_isa isa, const T* in, std::size_t n, std::size_t bucket, std::byte* out,
+                      const rng_state& rng, std::size_t b0, std::size_t b1) {
   switch (isa) {
 #if defined(CGX_HOST_SIMD_X86)
-    case host_isa::avx512: return avx512::compress_buckets<Bits, BucketSize, Rounding, T>(in, n, out, rng, b0, b1);
-    case host_isa::avx2: return avx2::compress_buckets<Bits, BucketSize, Rounding, T>(in, n, out, rng, b0, b1);
-    case host_isa::sse2: return sse2::compress_buckets<Bits, BucketSize, Rounding, T>(in, n, out, rng, b0, b1);
+    case host_isa::avx512: return avx512::compress_buckets<Bits, Rounding, T>(in, n, bucket, out, rng, b0, b1);
+    case host_isa::avx2: return avx2::compress_buckets<Bits, Rounding, T>(in, n, bucket, out, rng, b0, b1);
+    case host_isa::sse2: return sse2::compress_buckets<Bits, Rounding, T>(in, n, bucket, out, rng, b0, b1);
 #endif
 #if defined(CGX_HOST_SIMD_NEON)
-    case host_isa::neon: return neon::compress_buckets<Bits, BucketSize, Rounding, T>(in, n, out, rng, b0, b1);
+    case host_isa::neon: return neon::compress_buckets<Bits, Rounding, T>(in, n, bucket, out, rng, b0, b1);
 #endif
-    default: return scalar::compress_buckets<Bits, BucketSize, Rounding, T>(in, n, out, rng, b0, b1);
+    default: return scalar::compress_buckets<Bits, Rounding, T>(in, n, bucket, out, rng, b0, b1);
   }
 }
 
 /// decode_buckets of the instruction set `isa` (scalar when this build lacks it).
-template <int Bits, std::size_t BucketSize, bool Add, class T>
-void decode_buckets(host_isa isa, const std::byte* in, std::size_t n, T* out, std::size_t b0, std::size_t b1) {
+template <int Bits, bool Add, class T>
+void decode_buckets(host_isa isa, const std::byte* in, std::size_t n, std::size_t bucket, T* out, std::size_t b0,
+                    std::size_t b1) {
   switch (isa) {
 #if defined(CGX_HOST_SIMD_X86)
-    case host_isa::avx512: return avx512::decode_buckets<Bits, BucketSize, Add, T>(in, n, out, b0, b1);
-    case host_isa::avx2: return avx2::decode_buckets<Bits, BucketSize, Add, T>(in, n, out, b0, b1);
-    case host_isa::sse2: return sse2::decode_buckets<Bits, BucketSize, Add, T>(in, n, out, b0, b1);
+    case host_isa::avx512: return avx512::decode_buckets<Bits, Add, T>(in, n, bucket, out, b0, b1);
+    case host_isa::avx2: return avx2::decode_buckets<Bits, Add, T>(in, n, bucket, out, b0, b1);
+    case host_isa::sse2: return sse2::decode_buckets<Bits, Add, T>(in, n, bucket, out, b0, b1);
 #endif
 #if defined(CGX_HOST_SIMD_NEON)
-    case host_isa::neon: return neon::decode_buckets<Bits, BucketSize, Add, T>(in, n, out, b0, b1);
+    case host_isa::neon: return neon::decode_buckets<Bits, Add, T>(in, n, bucket, out, b0, b1);
 #endif
-    default: return scalar::decode_buckets<Bits, BucketSize, Add, T>(in, n, out, b0, b1);
+    default: return scalar::decode_buckets<Bits, Add, T>(in, n, bucket, out, b0, b1);
   }
 }
 

@@ -59,7 +59,7 @@ struct maxmin {
   static void compress(const T* in, std::size_t n, std::byte* out, const rng_state& rng = {},
                        host_exec ex = {}) {
     for_buckets<T>(n, ex, [&](host_isa isa, std::size_t b0, std::size_t b1) {
-      simd::compress_buckets<Bits, BucketSize, Rounding, T>(isa, in, n, out, rng, b0, b1);
+      simd::compress_buckets<Bits, Rounding, T>(isa, in, n, BucketSize, out, rng, b0, b1);
     });
   }
 
@@ -79,7 +79,7 @@ struct maxmin {
   template <class T, bool Add>
   static void decode(const std::byte* in, std::size_t n, T* out, host_exec ex) {
     for_buckets<T>(n, ex, [&](host_isa isa, std::size_t b0, std::size_t b1) {
-      simd::decode_buckets<Bits, BucketSize, Add, T>(isa, in, n, out, b0, b1);
+      simd::decode_buckets<Bits, Add, T>(isa, in, n, BucketSize, out, b0, b1);
     });
   }
 

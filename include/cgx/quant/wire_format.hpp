@@ -122,6 +122,13 @@ struct wire_layout {
 
 namespace detail {
 
+/// wire_layout<Bits, bucket, Meta>::meta_bytes(n) (the same for every Bits) for a bucket
+/// size known at run time: the host loops take it as an argument (host_loops.inl).
+template <class Meta>
+constexpr std::size_t meta_bytes(std::size_t n, std::size_t bucket) {
+  return (n + bucket - 1) / bucket * (2 * sizeof(Meta));
+}
+
 /// Largest code of a b-bit quantizer.
 template <int Bits>
 inline constexpr std::uint32_t levels = (1u << Bits) - 1u;
