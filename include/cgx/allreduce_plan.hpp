@@ -34,14 +34,11 @@ namespace cgx {
 /// and reused by every call. Construction and every call are collective: every rank
 /// of the transport must make them, in the same order.
 ///
-/// Like every plan it also has (from its base, detail::plan_base): transport(), the
-/// transport (e.g. to read rank() and size()); max_count(), the largest count a call may
-/// pass; workspace_size(), the bytes of workspace in use; calls(), the number of
-/// compressed calls completed or started (the stochastic-rounding call counter; calls
-/// that took the native path are not counted); options(), the options the plan was made
-/// with (native_below_bytes as given: possibly auto_threshold).
+/// Like every host plan it also has its base plan_core's members: transport(),
+/// max_count(), workspace_size(), calls() (compressed calls only: those that took the
+/// native path are not counted) and options().
 template <class T, class Q, class R, class X>
-class allreduce_plan : public detail::plan_base<X> {
+class allreduce_plan : public plan_core<X> {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "cgx::allreduce_plan: T must be float or double");
   static_assert(quantizer_for<Q, T>,
@@ -70,7 +67,7 @@ class allreduce_plan : public detail::plan_base<X> {
   /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes, and picks
   /// the native-allreduce threshold (see native_below_bytes()).
   allreduce_plan(X transport, std::size_t max_count, plan_options opts = {})
-      : detail::plan_base<X>(std::move(transport), max_count, opts, "allreduce_plan", detail::defer_setup), sched_(this->x_) {
+      : plan_core<X>(std::move(transport), max_count, opts, "allreduce_plan", detail::defer_setup), sched_(this->x_) {
     this->setup();
     this->own_workspace(workspace_bytes(max_count, this->x_.size()));
   }
@@ -79,7 +76,7 @@ class allreduce_plan : public detail::plan_base<X> {
   /// workspace_bytes(max_count, transport.size()) bytes and outlive the plan.
   /// Throws cgx::error(errc::workspace) if it is too small for this communicator.
   allreduce_plan(X transport, std::size_t max_count, std::span<std::byte> workspace, plan_options opts = {})
-      : detail::plan_base<X>(std::move(transport), max_count, opts, "allreduce_plan", detail::defer_setup), sched_(this->x_) {
+      : plan_core<X>(std::move(transport), max_count, opts, "allreduce_plan", detail::defer_setup), sched_(this->x_) {
     this->setup();
     this->use_workspace(workspace, workspace_bytes(max_count, this->x_.size()));
   }

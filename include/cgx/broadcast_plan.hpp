@@ -34,12 +34,12 @@ namespace cgx {
 /// Construction and every call are collective: every rank of the transport must make
 /// them, in the same order.
 template <class T, class Q, class X>
-class broadcast_plan : public detail::plan_base<X> {
+class broadcast_plan : public plan_core<X> {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "cgx::broadcast_plan: T must be float or double");
   static_assert(quantizer_for<Q, T>, "cgx::broadcast_plan: Q must be a fixed-size quantizer "
                                      "(cgx::quant::maxmin<Bits, Bucket, Rounding> or cgx::quant::none)");
   static_assert(transport<X>, "cgx::broadcast_plan: X must be a transport (cgx::comm::mpi or cgx::comm::shm)");
-  using base = detail::plan_base<X>;
+  using base = plan_core<X>;
 
  public:
   using value_type = T;          ///< the element type of the buffers

@@ -74,7 +74,7 @@ struct error_bounded_stats {
 /// Construction and every call are collective: every rank of the transport must make
 /// them, in the same order.
 template <class T, class Q, class R, class X>
-class error_bounded_plan : public detail::plan_base<X> {
+class error_bounded_plan : public plan_core<X> {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "cgx::error_bounded_plan: T must be float or double");
   static_assert(requires { requires Q::variable_size; },
@@ -87,7 +87,7 @@ class error_bounded_plan : public detail::plan_base<X> {
 
   using traits = comm::error_bounded_schedule<R>;
   using schedule_type = typename traits::template schedule<T, Q, X>;
-  using base = detail::plan_base<X>;
+  using base = plan_core<X>;
 
  public:
   using value_type = T;          ///< the element type of the buffers

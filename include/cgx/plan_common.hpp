@@ -313,19 +313,29 @@ class call_guard {
   mutable void (*abort_)(void*, const char*) noexcept = nullptr;
 };
 
-/// Selects plan_base's constructor that only stores its arguments (see plan_base::setup()).
+/// Selects plan_core's constructor that only stores its arguments (see plan_core::setup()).
 struct defer_setup_t {};
 /// The tag of that constructor.
 inline constexpr defer_setup_t defer_setup{};
 
-/// What every plan shares: the transport, the capacity, the options, the workspace (owned
-/// or the caller's), the call counter that keys stochastic rounding, and the flag a call
-/// holds (call_guard). A plan that sizes its workspace from its own arguments and
-/// transport only passes its static workspace_bytes to the constructors that take a
-/// workspace_fn; allreduce_plan, whose own collective setup must come first, uses
-/// defer_setup and calls setup() and own_workspace() / use_workspace() itself.
+}  // namespace detail
+
+/// The core every host plan is a front end of (allreduce_plan, reduce_scatter_plan,
+/// allgather_plan, broadcast_plan, error_bounded_plan): the transport, the capacity
+/// (max_count), the options, the workspace (owned or the caller's), the call counter that
+/// keys stochastic rounding, and the flag a call holds, so that a second concurrent call
+/// of one plan throws instead of corrupting the first. Its public members are every
+/// plan's; a plan is not made from it directly (its constructors are protected).
+///
+/// For the plan that derives from it: one that sizes its workspace from its own
+/// arguments and transport passes its static workspace_bytes to the constructors that
+/// take a workspace_fn; allreduce_plan, whose own collective setup must come first, uses
+/// detail::defer_setup and calls setup() and own_workspace() / use_workspace() itself.
+/// Each call claims the plan (claim()), checks its arguments (begin_call(): check_call
+/// under the plan's name, checking level and max_count) and draws its random state
+/// (next_rng()).
 template <class X>
-class plan_base {
+class plan_core {
  public:
   /// The transport (e.g. to read rank() and size()).
   X& transport() noexcept { return x_; }
@@ -342,63 +352,63 @@ class plan_base {
   /// auto_threshold).
   const plan_options& options() const noexcept { return opts_; }
 
-  plan_base(const plan_base&) = delete;
-  plan_base& operator=(const plan_base&) = delete;
+  plan_core(const plan_core&) = delete;
+  plan_core& operator=(const plan_core&) = delete;
 
  protected:
   /// A plan's workspace size for `max_count` values on `ranks` ranks (its static workspace_bytes).
   using workspace_fn = std::size_t (*)(std::size_t max_count, int ranks);
   /// Stores the arguments; the plan calls setup() before its first message.
-  plan_base(X transport, std::size_t max_count, plan_options opts, const char* who, defer_setup_t)
+  plan_core(X transport, std::size_t max_count, plan_options opts, const char* who, detail::defer_setup_t)
       : x_(std::move(transport)), max_count_(max_count), opts_(opts), who_(who) {}
   /// Stores the arguments and calls setup().
-  plan_base(X transport, std::size_t max_count, plan_options opts, const char* who)
-      : plan_base(std::move(transport), max_count, opts, who, defer_setup) {
+  plan_core(X transport, std::size_t max_count, plan_options opts, const char* who)
+      : plan_core(std::move(transport), max_count, opts, who, detail::defer_setup) {
     setup();
   }
   /// As above, then allocates size(max_count, transport.size()) bytes of workspace.
-  plan_base(X transport, std::size_t max_count, plan_options opts, const char* who, workspace_fn size)
-      : plan_base(std::move(transport), max_count, opts, who) {
+  plan_core(X transport, std::size_t max_count, plan_options opts, const char* who, workspace_fn size)
+      : plan_core(std::move(transport), max_count, opts, who) {
     own_workspace(size(max_count_, x_.size()));
   }
   /// As above, but uses the caller's workspace: throws cgx::error(errc::workspace) if it
   /// holds fewer than size(max_count, transport.size()) bytes.
-  plan_base(X transport, std::size_t max_count, std::span<std::byte> workspace, plan_options opts, const char* who,
+  plan_core(X transport, std::size_t max_count, std::span<std::byte> workspace, plan_options opts, const char* who,
             workspace_fn size)
-      : plan_base(std::move(transport), max_count, opts, who) {
+      : plan_core(std::move(transport), max_count, opts, who) {
     use_workspace(workspace, size(max_count_, x_.size()));
   }
-  ~plan_base() { release_workspace(x_, owned_); }
+  ~plan_core() { detail::release_workspace(x_, owned_); }
 
   /// Checks plan_options::threads and gives the transport its wait limit and integrity
   /// option (configure_transport).
   void setup() {
     if (opts_.threads < 1) throw error(errc::invalid_argument, std::string(who_) + ": plan_options::threads must be >= 1");
-    configure_transport(x_, opts_.timeout_ms, opts_.verify);
+    detail::configure_transport(x_, opts_.timeout_ms, opts_.verify);
   }
 
   /// Claims the plan for one call (throws if another thread is in a call of it).
-  [[nodiscard]] call_guard claim() { return call_guard(busy_, who_); }
+  [[nodiscard]] detail::call_guard claim() { return detail::call_guard(busy_, who_); }
 
   /// Checks the arguments of a call of n values that the caller has `claimed`
   /// (check_call under the plan's name, checking level and max_count; `extra`: a
   /// caller-defined error and its message), then begins it (call_guard::begin).
   template <class... Extra>
-  void begin_call(const call_guard& claimed, bool null_buffer, std::size_t n, std::int64_t signature,
+  void begin_call(const detail::call_guard& claimed, bool null_buffer, std::size_t n, std::int64_t signature,
                   const Extra&... extra) {
-    check_call(x_, opts_.check, who_, null_buffer, n, max_count_, signature, extra...);
+    detail::check_call(x_, opts_.check, who_, null_buffer, n, max_count_, signature, extra...);
     claimed.begin(x_, signature, n);
   }
 
   /// Allocates `bytes` of workspace; throws cgx::error(errc::workspace) if that fails.
   void own_workspace(std::size_t bytes) {
-    owned_ = allocate_workspace(bytes, who_, max_count_, x_.size());
+    owned_ = detail::allocate_workspace(bytes, who_, max_count_, x_.size());
     ws_ = std::span<std::byte>(owned_.get(), bytes);
   }
 
   /// Uses the caller's workspace; throws cgx::error(errc::workspace) if it is under `need` bytes.
   void use_workspace(std::span<std::byte> ws, std::size_t need) {
-    require_workspace(ws, need, who_, max_count_, x_.size());
+    detail::require_workspace(ws, need, who_, max_count_, x_.size());
     ws_ = ws;
   }
 
@@ -410,15 +420,14 @@ class plan_base {
     return rng;
   }
 
-  X x_;
-  std::size_t max_count_;
-  plan_options opts_;
-  const char* who_;
-  std::unique_ptr<std::byte[]> owned_;
-  std::span<std::byte> ws_;
-  std::uint32_t calls_ = 0;
-  std::atomic<bool> busy_{false};  // held by a call in progress (call_guard)
+  X x_;                                  ///< the transport
+  std::size_t max_count_;                ///< largest count a call may pass
+  plan_options opts_;                    ///< the options, as given
+  const char* who_;                      ///< the plan's name, for error messages
+  std::unique_ptr<std::byte[]> owned_;   ///< the workspace the plan allocated (else empty)
+  std::span<std::byte> ws_;              ///< the workspace in use (owned_ or the caller's)
+  std::uint32_t calls_ = 0;              ///< the call counter (next_rng())
+  std::atomic<bool> busy_{false};        ///< held by a call in progress (claim())
 };
 
-}  // namespace detail
 }  // namespace cgx

@@ -37,7 +37,7 @@ namespace cgx {
 /// Construction and every call are collective: every rank of the transport must make
 /// them, in the same order.
 template <class T, class Q, class X>
-class reduce_scatter_plan : public detail::plan_base<X> {
+class reduce_scatter_plan : public plan_core<X> {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "cgx::reduce_scatter_plan: T must be float or double");
   static_assert(quantizer_for<Q, T>, "cgx::reduce_scatter_plan: Q must be a fixed-size quantizer "
@@ -45,7 +45,7 @@ class reduce_scatter_plan : public detail::plan_base<X> {
   static_assert(transport<X>, "cgx::reduce_scatter_plan: X must be a transport (cgx::comm::mpi or cgx::comm::shm)");
 
   using schedule_type = typename comm::scatter_reduce_allgather::template schedule<T, Q, X>;
-  using base = detail::plan_base<X>;
+  using base = plan_core<X>;
 
  public:
   using value_type = T;          ///< the element type of the buffers
