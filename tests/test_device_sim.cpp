@@ -1,5 +1,5 @@
 // The device transports and schedules on a simulated CUDA runtime (issue 19): no GPU.
-// comm::basic_cuda_ipc<sim::runtime>, comm::device_sra / device_ring over it and
+// comm::basic_cuda_ipc<sim::runtime>, comm::device_sra / device_ring / device_tree over it and
 // device_allreduce_plan run unchanged, with the CUDA kernels' bodies on the host, over
 // thread-ranks; sim_runtime.hpp's checker reports every pair of device accesses that
 // the streams, events and barriers leave unordered, and every teardown step out of
@@ -12,6 +12,7 @@
 #include <cgx/comm/cuda_ipc.cuh>
 #include <cgx/comm/device_ring.cuh>
 #include <cgx/comm/device_sra.cuh>
+#include <cgx/comm/device_tree.cuh>
 #include <cgx/comm/host_device.cuh>
 #if CGX_SIM_NCCL
 #include <cgx/comm/nccl.cuh>
@@ -275,6 +276,13 @@ TEST_CASE("device ring over CUDA IPC on the simulated runtime: the host plan's b
       check_schedule<cgx::comm::ring>(over_ipc(p), p, p == 3 ? 3000 : 2048 + 100, seed);
 }
 
+TEST_CASE("device tree over CUDA IPC on the simulated runtime: the host plan's bits, no unordered access") {
+  // 3, 5 and 6 ranks fold and unfold; 4 does not; 2 is one halving and one doubling step.
+  for (const int p : {2, 3, 4, 5, 6})
+    for (const std::uint64_t seed : {5u, 6u})
+      check_schedule<cgx::comm::tree>(over_ipc(p), p, p % 2 == 1 ? 3000 : 2048 + 100, seed);
+}
+
 TEST_CASE("device SRA and ring over a host transport (mpi_device's code), staged and direct, on the simulated runtime") {
   for (const bool direct : {false, true})
     for (const int p : {2, 3, 4}) {
@@ -284,12 +292,24 @@ TEST_CASE("device SRA and ring over a host transport (mpi_device's code), staged
     }
 }
 
+TEST_CASE("device tree over a host transport (mpi_device's code), staged and direct, on the simulated runtime") {
+  for (const bool direct : {false, true})
+    for (const int p : {3, 4, 6}) {
+      CAPTURE(direct);
+      check_schedule<cgx::comm::tree>(over_host(p, direct), p, 3000, 30u + p);
+    }
+}
+
 #if CGX_SIM_NCCL
 TEST_CASE("device SRA and ring over NCCL (simulated): the host plan's bits, no unordered access") {
   for (const int p : {2, 3, 4}) {
     check_schedule<cgx::comm::scatter_reduce_allgather>(over_nccl(p), p, 2048 + 100, 60u + p);
     check_schedule<cgx::comm::ring>(over_nccl(p), p, 3000, 70u + p);
   }
+}
+
+TEST_CASE("device tree over NCCL (simulated): the host plan's bits, no unordered access") {
+  for (const int p : {3, 4, 5}) check_schedule<cgx::comm::tree>(over_nccl(p), p, 3000, 80u + p);
 }
 
 namespace {

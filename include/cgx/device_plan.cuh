@@ -20,8 +20,8 @@
 ///  - Whether the host blocks depends on the transport: comm::mpi blocks until its
 ///    messages are complete (it synchronizes on the copies that feed MPI: on each staged
 ///    chunk, or on the whole stream for a CUDA-aware MPI); comm::cuda_ipc blocks in one
-///    barrier of its bootstrap per exchange (SRA: 2, ring: 2 (p - 1)) but never waits
-///    for the GPU;
+///    barrier of its bootstrap per exchange (SRA: 2, ring: 2 (p - 1), tree: 2 log2 q, + 2
+///    when p is not a power of two q) but never waits for the GPU;
 ///    comm::nccl does not block. The native path below the threshold blocks for MPI
 ///    (it synchronizes the stream) and not for NCCL.
 ///  - Collective: every rank calls it with the same n, in the same order as its other
@@ -46,6 +46,7 @@
 #include "comm/device_ring.cuh"
 #include "comm/device_sra.cuh"
 #include "comm/device_transport.cuh"
+#include "comm/device_tree.cuh"
 #include "comm/host_device.cuh"
 #if __has_include(<mpi.h>)  // comm::mpi and comm::mpi_device; a build without MPI has cuda_ipc
 #include "comm/mpi.hpp"
@@ -54,6 +55,7 @@
 #include "comm/ring.hpp"
 #include "comm/scatter_reduce_allgather.hpp"
 #include "comm/runtime.cuh"
+#include "comm/tree.hpp"
 #include "error.hpp"
 #if defined(__CUDACC__)
 #include "quant/maxmin.cuh"  // cuda_runtime's kernels (a simulated runtime brings its own)
@@ -103,6 +105,12 @@ struct device_schedule<comm::ring> {
   template <class T, class Q, class X>
   using type = comm::device_ring<T, Q, X>;
 };
+template <>
+struct device_schedule<comm::tree> {
+  static constexpr bool exists = true;
+  template <class T, class Q, class X>
+  using type = comm::device_tree<T, Q, X>;
+};
 
 /// True for quantizers with kernels in runtime policy RT (CUDA kernels for cuda_runtime).
 template <class RT, class Q>
@@ -114,8 +122,9 @@ inline constexpr bool has_device_kernels = requires { typename RT::template kern
 /// \tparam T  float, double, __half or __nv_bfloat16 (half types travel with fp32 bucket
 ///            metadata and are summed in fp32, rounded once per addition)
 /// \tparam Q  quantizer with CUDA kernels: quant::maxmin<...> or quant::none
-/// \tparam R  reducer: comm::scatter_reduce_allgather (comm/device_sra.cuh) or comm::ring
-///            (comm/device_ring.cuh); tree and hierarchical have no device schedule yet
+/// \tparam R  reducer: comm::scatter_reduce_allgather (comm/device_sra.cuh), comm::ring
+///            (comm/device_ring.cuh) or comm::tree (comm/device_tree.cuh); hierarchical has
+///            no device schedule yet
 /// \tparam X  transport: comm::mpi (staged through pinned host memory, or direct with a
 ///            CUDA-aware MPI), comm::mpi_device, comm::cuda_ipc, comm::nccl, or any other
 ///            host transport (staged, through comm::basic_host_device)
@@ -136,7 +145,7 @@ class device_allreduce_plan {
                 "or cgx::quant::none)");
   static_assert(detail::device_schedule<R>::exists,
                 "cgx::device_allreduce_plan: R must be a reducer with a device schedule: "
-                "cgx::comm::scatter_reduce_allgather or cgx::comm::ring (tree and hierarchical have none yet)");
+                "cgx::comm::scatter_reduce_allgather, cgx::comm::ring or cgx::comm::tree (hierarchical has none yet)");
 
  public:
   /// The transport the plan drives (comm::mpi_device for X = comm::mpi).

@@ -14,8 +14,8 @@
 // Checks, for every case and every one of several calls on one plan:
 //  - every rank ends with the same bits (compared with rank 0's result);
 //  - the error bound of the schedule (SRA: 2 quantizations on an element's path, ring:
-//    p), against the exact sum in double (every rank generates every rank's input, so
-//    it knows the exact sum);
+//    p, tree: log2 q + 2 at most), against the exact sum in double (every rank generates
+//    every rank's input, so it knows the exact sum);
 //  - quant::none on integer-valued data is exact; so is the native path below the
 //    threshold (MPI_Allreduce / ncclAllReduce);
 //  - a host pointer or a count above max_count throws cgx::error on every rank.
@@ -334,6 +334,13 @@ int run_checks(int devices) {
     check_plan<__half, cgx::quant::maxmin<8, 256, stochastic>, ring>("ring half 8-bit stochastic", 60000,
                                                                        {60000, 60000}, false);
     check_plan<float, cgx::quant::none, ring>("ring float none", 100000, {100000, 999, 100000}, true);
+    // The tree schedule (log2 q + 1 quantizations on the longest path, + 1 for a folded rank).
+    using tree = cgx::comm::tree;
+    check_plan<float, cgx::quant::maxmin<4, 512, nearest>, tree>("tree float 4-bit nearest", 300000,
+                                                                   {300000, 3 * 512 + 7, 0, 300000}, false);
+    check_plan<__half, cgx::quant::maxmin<8, 256, stochastic>, tree>("tree half 8-bit stochastic", 60000,
+                                                                       {60000, 60000}, false);
+    check_plan<float, cgx::quant::none, tree>("tree float none", 100000, {100000, 999, 100000}, true);
     check_errors();
     check_default_threshold();
 #if !CGX_TEST_FORK

@@ -69,15 +69,6 @@ class device_ring {
     auto bytes_of = [&](const chunk& c) { return D::template compressed_bytes<T>(c.count); };
     device_message snd[1];
     device_message rcv[1];
-    // (A function, not a braced list: nvcc 13 then warns that right/left are unused.)
-    auto msg = [](int peer, std::size_t off, std::size_t remote, std::size_t bytes) {
-      device_message m;
-      m.peer = peer;
-      m.offset = off;
-      m.remote_offset = remote;
-      m.bytes = bytes;
-      return m;
-    };
 
     // 1. Reduce-scatter: at step s send the running sum of chunk me - s, add chunk me - s - 1.
     for (int s = 0; s + 1 < p; ++s) {
@@ -88,9 +79,9 @@ class device_ring {
       if (out.count != 0) {
         D::template compress<T>(d_buf + out.begin, out.count, ws + send_off(s),
                                 ::cgx::schedule::keyed(rng, description::contribution_key(me, out)), stream);
-        snd[ns++] = msg(right, send_off(s), recv_off(s), bytes_of(out));
+        snd[ns++] = device_msg(right, send_off(s), recv_off(s), bytes_of(out));
       }
-      if (in.count != 0) rcv[nr++] = msg(left, recv_off(s), send_off(s), bytes_of(in));
+      if (in.count != 0) rcv[nr++] = device_msg(left, recv_off(s), send_off(s), bytes_of(in));
       x.exchange(std::span<const device_message>(snd, ns), std::span<const device_message>(rcv, nr), stream,
                  [&](std::size_t, const std::byte* d) {
                    D::template decompress_add<T>(d, in.count, d_buf + in.begin, stream);
@@ -116,8 +107,8 @@ class device_ring {
       const chunk in = d.chunk_of(cin);
       if (s > 0) x.prepare_send(stream);
       std::size_t ns = 0, nr = 0;
-      if (out.count != 0) snd[ns++] = msg(right, gather_off(cout), gather_off(cout), bytes_of(out));
-      if (in.count != 0) rcv[nr++] = msg(left, gather_off(cin), gather_off(cin), bytes_of(in));
+      if (out.count != 0) snd[ns++] = device_msg(right, gather_off(cout), gather_off(cout), bytes_of(out));
+      if (in.count != 0) rcv[nr++] = device_msg(left, gather_off(cin), gather_off(cin), bytes_of(in));
       x.exchange(std::span<const device_message>(snd, ns), std::span<const device_message>(rcv, nr), stream,
                  [&](std::size_t, const std::byte* d) {
                    std::byte* mine_copy = ws + gather_off(cin);

@@ -79,6 +79,17 @@ struct device_message {
   std::size_t bytes = 0;          ///< length (never 0: reducers leave out empty messages)
 };
 
+/// The device_message {peer, offset, remote_offset, bytes} (a function, not a braced list
+/// at the call: nvcc 13 then warned that variables used only in the list were unused).
+inline device_message device_msg(int peer, std::size_t offset, std::size_t remote_offset, std::size_t bytes) {
+  device_message m;
+  m.peer = peer;
+  m.offset = offset;
+  m.remote_offset = remote_offset;
+  m.bytes = bytes;
+  return m;
+}
+
 namespace detail {
 /// A callback type used to check the `device_transport` concept.
 struct arrived_archetype {
