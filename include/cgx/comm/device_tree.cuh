@@ -134,7 +134,9 @@ class device_tree {
 
     // 3. Doubling: exchange the aligned block of dist chunks held for the partner's block.
     for (int dist = 1; dist < q; dist *= 2) {
-      x.prepare_send(stream);
+      // Before the first step, the sum's prepare_send already ordered the only write (chunk
+      // slot v); a rank that sits out writes nothing.
+      if (dist > 1) x.prepare_send(stream);
       if (v >= 0) {
         const int lo = description::block_lo(v, dist), plo = lo ^ dist;
         const int partner = d.real(v ^ dist);
