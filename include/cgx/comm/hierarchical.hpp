@@ -53,10 +53,13 @@
 /// Quantizations per element: Intra::quantizations(L) + Inter::quantizations(N); the
 /// error bound follows by applying the two reducers' bounds in turn (the inter-node
 /// inputs are the node sums, each carrying the intra-node error).
+///
+/// The cut, the groups, the crossed pieces, the workspace slots, the random keys and the
+/// messages of hierarchical's own steps (node, cross, back, share) are those of the
+/// description schedule::hierarchical (schedule/hierarchical.hpp); this file runs it.
 
 #include <cstddef>
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -109,6 +112,7 @@ struct hierarchical {
   class schedule {
     using intra_schedule = typename Intra::template schedule<T, Q, X>;
     using inter_schedule = typename Inter::template schedule<T, Q, X>;
+    using description = ::cgx::schedule::hierarchical;
 
    public:
     static constexpr std::size_t granule = granule_of<Q>;  ///< chunk boundaries fall on multiples of this many values
@@ -141,8 +145,6 @@ struct hierarchical {
         throw error(errc::communicator, "cgx::comm::hierarchical: nodes hold different numbers of ranks (between " +
                                             std::to_string(-v[1]) + " and " + std::to_string(v[0]) +
                                             "); give every node the same number of ranks");
-      const int nodes = inter_x_->size();
-      crossed_groups_ = symmetric_at_two<Inter> && nodes == 2 ? per_node - per_node % 2 : 0;
       intra_.emplace(*intra_x_);
       inter_.emplace(*inter_x_);
     }
@@ -155,13 +157,13 @@ struct hierarchical {
     int quantizations() const { return Intra::quantizations(ranks_per_node()) + Inter::quantizations(nodes()); }
     /// Whether a call on n values runs this rank's inter-node group as the crossed
     /// two-node exchange instead of `Inter` (see the file comment).
-    bool crossed(std::size_t n) const { return intra_x_->rank() < crossed_groups(n); }
+    bool crossed(std::size_t n) const { return describe(n).crossed(intra_x_->rank()); }
 
     /// The crossed exchange runs only for chunks of at least this many bytes (raw, per
     /// group): below, its two one-way rounds of larger messages cost more latency than
     /// the shared link loses (on bench/netns-cluster at 1 MiB: 1.4 ms against 1.1 for
     /// the ring; equal at 4 MiB; 30.7 against 35.9 ms at 16 MiB, 142 against 169 at 64).
-    static constexpr std::size_t cross_min_bytes = ::cgx::schedule::hierarchical::cross_min_bytes;
+    static constexpr std::size_t cross_min_bytes = description::cross_min_bytes;
 
     /// The node and inter-node transports follow the plan's, call by call: its wait
     /// limit, integrity option (plan_options::timeout_ms, verify) and call context
@@ -178,86 +180,67 @@ struct hierarchical {
       if (n == 0) return;
       inherit(*intra_x_, x);
       inherit(*inter_x_, x);
-      const int L = intra_x_->size();
+      const description d = describe(n);
+      const int L = d.L;
       const int l = intra_x_->rank();
+      const int node = inter_x_->rank();
       // With Intra = uncompressed and crossed groups, steps 1 and 2 run fused, piece by
       // piece: the node sum of piece k is ready (and on its way to the other node) while
       // the ranks of the node still exchange the later pieces. The choice is node-wide
       // (every local rank must post the same messages): with L odd the last, uncrossed
       // group takes part in the fused step 1 and sums all its pieces before running Inter.
-      const int crossing = crossed_groups(n);
-      const bool in_cross = l < crossing;
-      const bool fuse = std::is_same_v<Intra, uncompressed> && crossing > 0;
-      const chunk mine = chunk_of(n, L, l, granule);
+      const bool fuse = d.fused();
+      const chunk mine = d.chunk_of(l);
       // 1. Node sum (of this rank's chunk only, when Intra can reduce-scatter).
       if (fuse) {
-        post_node_parts(buf, n, ws + fused_parts_offset(n, L));
+        node_recv_.clear();
+        node_send_.clear();
+        post(d, node, l, ::cgx::schedule::phase::node, buf, ws, node_recv_, node_send_, tag_node);
       } else if constexpr (requires { intra_->reduce_scatter(buf, n, *intra_x_, ws, ex); }) {
         static_assert(intra_schedule::granule == granule, "hierarchical: Intra must cut chunks like the plan");
         intra_->reduce_scatter(buf, n, *intra_x_, ws, ex);
       } else {
         quant::rng_state r1 = rng;
-        r1.seed = rng.seed ^ ::cgx::schedule::hierarchical::intra_seed;
+        r1.seed = rng.seed ^ description::intra_seed;
         intra_->run(buf, n, *intra_x_, ws, r1, ex);
       }
       // 2. Chunk l across nodes (its own random stream: a different seed).
-      const std::byte* packed = nullptr;  // the crossed exchange's compressed sum of my chunk
       if (mine.count != 0) {
         quant::rng_state r2 = rng;
-        r2.seed = rng.seed ^ ::cgx::schedule::hierarchical::inter_seed;
-        r2.position = rng.position + mine.begin;
-        // Adds the node's other parts of piece k of my chunk, in rank order (fused only).
-        const std::size_t K = cross_pieces(mine.count);
-        const std::size_t raw = round_to_line(largest_chunk(n, L, granule) * sizeof(T));
-        std::byte* const parts = ws + fused_parts_offset(n, L);
+        r2.seed = rng.seed ^ description::inter_seed;
+        // Adds the node's other parts of piece k of my chunk, in rank order (fused only):
+        // node_recv_ holds them part by part, piece by piece, as the description posts them.
+        const std::size_t K = d.cross_pieces(mine.count);
         auto node_sum = [&](std::size_t k) {
           if (!fuse) return;
-          const chunk pv = piece_values(mine.count, k);
-          for (int r = 0, j = 0; r < L; ++r) {
-            if (r == l) continue;
-            intra_x_->wait_all(std::span(node_recv_.data() + static_cast<std::size_t>(j) * K + k, 1));
-            quant::none::template decompress_add<T>(parts + static_cast<std::size_t>(j) * raw + pv.begin * sizeof(T), pv.count,
-                                                     buf + mine.begin + pv.begin, ex);
-            ++j;
+          const chunk pv = d.piece_values(mine.count, k);
+          for (std::size_t j = 0; j + 1 < static_cast<std::size_t>(L); ++j) {
+            intra_x_->wait_all(std::span(node_recv_.data() + j * K + k, 1));
+            quant::none::template decompress_add<T>(ws + d.fused_parts_offset() + j * d.raw_slot() + pv.begin * sizeof(T),
+                                                     pv.count, buf + mine.begin + pv.begin, ex);
           }
         };
-        if (!in_cross) {
+        if (!d.crossed(l)) {
           for (std::size_t k = 0; fuse && k < K; ++k) node_sum(k);
+          r2.position = rng.position + mine.begin;
           inter_->run(buf + mine.begin, mine.count, *inter_x_, ws, r2, ex);
         } else {
-          const std::byte* sum = cross(buf + mine.begin, mine.count, ws, l % 2, r2, ex, node_sum);
-          if constexpr (!wire_q::lossless) packed = sum;
+          cross(d, node, l, buf, ws, r2, ex, node_sum);
         }
       }
       if (fuse) intra_x_->wait_all(std::span(node_send_));  // buf is written again below
       // 3. Share the finished chunks within the node: as raw values, or, for the chunks
       // of crossed groups under a lossy quantizer, as the compressed sum every rank of
       // the group decoded (the receiver decodes the same bytes: the same bits, 1/ratio
-      // of the bytes through the node).
+      // of the bytes through the node), sent from where cross() left it.
       if (L > 1) {
-        const std::size_t slot = share_slot(n, L);
         reqs_.clear();
-        for (int k = 0; k < L; ++k) {
-          if (k == l) continue;
-          const chunk c = chunk_of(n, L, k, granule);
-          if (c.count == 0) continue;
-          if (packed_share(k, crossing))
-            reqs_.push_back(intra_x_->irecv(ws + static_cast<std::size_t>(2 + k) * slot, cross_slot(c.count), k, tag_share));
-          else
-            reqs_.push_back(intra_x_->irecv(buf + c.begin, c.count * sizeof(T), k, tag_share));
-        }
-        if (mine.count != 0)
-          for (int k = 0; k < L; ++k) {
-            if (k == l) continue;
-            reqs_.push_back(packed != nullptr ? intra_x_->isend(packed, cross_slot(mine.count), k, tag_share)
-                                              : intra_x_->isend(buf + mine.begin, mine.count * sizeof(T), k, tag_share));
-          }
+        post(d, node, l, ::cgx::schedule::phase::share, buf, ws, reqs_, reqs_, tag_share);
         intra_x_->wait_all(std::span(reqs_));
-        for (int k = 0; k < L; ++k) {
-          const chunk c = chunk_of(n, L, k, granule);
-          if (k != l && c.count != 0 && packed_share(k, crossing))
-            unpack(ws + static_cast<std::size_t>(2 + k) * slot, c.count, buf + c.begin, ex);
-        }
+        d.messages(node, l, [&](const ::cgx::schedule::message& m) {
+          if (m.ph == ::cgx::schedule::phase::share && m.from != d.rank(node, l) && m.offset != ::cgx::schedule::in_buffer)
+            unpack(d, ws + m.offset, m.values.count, buf + m.values.begin, ex);
+        });
       }
     }
 
@@ -267,100 +250,40 @@ struct hierarchical {
     static constexpr int tag_back = cgx::detail::tag_value(cgx::detail::tag::hier_back);   // the sum, from the owner
     static constexpr int tag_node = cgx::detail::tag_value(cgx::detail::tag::hier_node);   // fused step 1: a piece of the node sum
 
-    static constexpr std::size_t cross_max_pieces = ::cgx::schedule::hierarchical::cross_max_pieces;
-    static constexpr std::size_t cross_piece_bytes = ::cgx::schedule::hierarchical::cross_piece_bytes;
-
-    /// Pieces of the crossed exchange for m values (the same on both nodes).
-    static std::size_t cross_pieces(std::size_t m) {
-      return std::clamp<std::size_t>(m * sizeof(T) / cross_piece_bytes, 1, cross_max_pieces);
-    }
-
-    /// The values of piece k of m values (pieces start at bucket boundaries).
-    static chunk piece_values(std::size_t m, std::size_t k) {
-      return comm::chunk_of(m, static_cast<int>(cross_pieces(m)), static_cast<int>(k), granule);
-    }
-
     /// What the crossed exchange sends: the plan's quantizer, or raw values when Inter
     /// does not quantize.
     using wire_q = std::conditional_t<Inter::quantizations(2) == 0, quant::none, Q>;
 
-    /// Piece k of m values: its values and where its bytes lie in a slot.
-    struct piece_t {
-      chunk values;
-      std::size_t offset, bytes;
-    };
-    static std::array<piece_t, cross_max_pieces> cross_layout(std::size_t m) {
-      std::array<piece_t, cross_max_pieces> pieces{};
-      for (std::size_t k = 0, off = 0; k < cross_pieces(m); ++k) {
-        const chunk c = piece_values(m, k);
-        pieces[k] = {c, off, wire_q::template compressed_bytes<T>(c.count)};
-        off += pieces[k].bytes;
+    /// The description of a call on n values on N nodes of L ranks.
+    static constexpr description describe(std::size_t n, int N, int L) {
+      return {n, N, L, granule, sizeof(T), &wire_q::template compressed_bytes<T>, wire_q::lossless, symmetric_at_two<Inter>,
+              std::is_same_v<Intra, uncompressed>};
+    }
+    /// The description of a call on n values with this plan's layout.
+    description describe(std::size_t n) const { return describe(n, nodes(), ranks_per_node()); }
+
+    /// Posts rank (node, l)'s messages of phase ph on the node transport, in the
+    /// description's order: receives into `recvs`, sends into `sends`.
+    void post(const description& d, int node, int l, ::cgx::schedule::phase ph, T* buf, std::byte* ws,
+              std::vector<typename X::request>& recvs, std::vector<typename X::request>& sends, int tag) {
+      const int me = d.rank(node, l);
+      d.messages(node, l, [&](const ::cgx::schedule::message& m) {
+        if (m.ph != ph) return;
+        void* at = m.offset == ::cgx::schedule::in_buffer ? static_cast<void*>(buf + m.values.begin) : ws + m.offset;
+        if (m.to == me)
+          recvs.push_back(intra_x_->irecv(at, m.bytes, m.from % d.L, tag));
+        else
+          sends.push_back(intra_x_->isend(at, m.bytes, m.to % d.L, tag));
+      });
+    }
+
+    /// Decodes the pieces of m values (a crossed slot) into out[0..m).
+    static void unpack(const description& d, const std::byte* in, std::size_t m, T* out, quant::host_exec ex) {
+      for (std::size_t k = 0, off = 0; k < d.cross_pieces(m); ++k) {
+        const chunk pv = d.piece_values(m, k);
+        wire_q::template decompress<T>(in + off, pv.count, out + pv.begin, ex);
+        off += d.wire(pv.count);
       }
-      return pieces;
-    }
-
-    /// Bytes of the pieces of m values.
-    static std::size_t cross_slot(std::size_t m) {
-      std::size_t sum = 0;
-      for (std::size_t k = 0; k < cross_pieces(m); ++k) sum += wire_q::template compressed_bytes<T>(piece_values(m, k).count);
-      return sum;
-    }
-
-    /// Decodes the pieces of m values.
-    static void unpack(const std::byte* in, std::size_t m, T* out, quant::host_exec ex) {
-      const auto pieces = cross_layout(m);
-      for (std::size_t k = 0; k < cross_pieces(m); ++k)
-        wire_q::template decompress<T>(in + pieces[k].offset, pieces[k].values.count, out + pieces[k].values.begin, ex);
-    }
-
-    /// Whether local rank k's chunk is shared compressed in step 3: its group is crossed
-    /// and the exchange quantized (the same answer on every rank of the node).
-    static bool packed_share(int k, int crossing) { return !wire_q::lossless && k < crossing; }
-
-    /// Local ranks 0 .. crossed_groups(n) - 1 run crossed groups in a call on n values
-    /// (the same on every rank: it depends on n and the layout only).
-    int crossed_groups(std::size_t n) const {
-      return largest_chunk(n, intra_x_->size(), granule) * sizeof(T) >= cross_min_bytes ? crossed_groups_ : 0;
-    }
-
-    /// Bytes per slot of the crossed exchange and the compressed share for L ranks per node.
-    static std::size_t share_slot(std::size_t n, int L) { return round_to_line(cross_slot(largest_chunk(n, L, granule))); }
-
-    /// Offset in ws of the node's raw parts of my chunk when steps 1 and 2 are fused:
-    /// after the crossed exchange's two slots.
-    static std::size_t fused_parts_offset(std::size_t n, int L) { return 2 * share_slot(n, L); }
-
-    /// Fused step 1: posts the receives of the other local ranks' parts of my chunk,
-    /// piece by piece (the pieces of the crossed exchange), into `parts`, and sends my
-    /// parts of their chunks likewise. node_sum() in step 2 adds them as they arrive.
-    void post_node_parts(const T* buf, std::size_t n, std::byte* parts) {
-      const int L = intra_x_->size();
-      const int l = intra_x_->rank();
-      const std::size_t raw = round_to_line(largest_chunk(n, L, granule) * sizeof(T));
-      node_recv_.clear();
-      node_send_.clear();
-      const chunk mine = chunk_of(n, L, l, granule);
-      if (mine.count != 0) {
-        for (int r = 0, j = 0; r < L; ++r) {
-          if (r == l) continue;
-          for (std::size_t k = 0; k < cross_pieces(mine.count); ++k) {
-            const chunk pv = piece_values(mine.count, k);
-            node_recv_.push_back(intra_x_->irecv(parts + static_cast<std::size_t>(j) * raw + pv.begin * sizeof(T),
-                                                 pv.count * sizeof(T), r, tag_node));
-          }
-          ++j;
-        }
-      }
-      // Piece k of every other rank's chunk first, then piece k + 1: each owner gets its
-      // first pieces early.
-      for (std::size_t k = 0; k < cross_max_pieces; ++k)
-        for (int step = 1; step < L; ++step) {
-          const int r = (l + step) % L;
-          const chunk c = chunk_of(n, L, r, granule);
-          if (c.count == 0 || k >= cross_pieces(c.count)) continue;
-          const chunk pv = piece_values(c.count, k);
-          node_send_.push_back(intra_x_->isend(buf + c.begin + pv.begin, pv.count * sizeof(T), r, tag_node));
-        }
     }
 
     /// Workspace of the crossed exchange (a send and a receive slot for the chunk of a
@@ -372,80 +295,70 @@ struct hierarchical {
       } else {
         std::size_t most = 0;
         for (int L = 2; L <= p; ++L) {
-          const std::size_t m = largest_chunk(n, L, granule);
-          const std::size_t fused = cgx::detail::checked_add(
-              fused_parts_offset(n, L), cgx::detail::checked_mul(static_cast<std::size_t>(L - 1), round_to_line(m * sizeof(T))));
-          const std::size_t packed =
-              wire_q::lossless ? 0 : cgx::detail::checked_mul(static_cast<std::size_t>(L + 2), share_slot(n, L));
+          const description d = describe(n, 2, L);
+          const std::size_t fused =
+              cgx::detail::checked_add(d.fused_parts_offset(), cgx::detail::checked_mul(static_cast<std::size_t>(L - 1), d.raw_slot()));
+          const std::size_t packed = wire_q::lossless ? 0 : cgx::detail::checked_mul(static_cast<std::size_t>(L + 2), d.share_slot());
           most = std::max({most, fused, packed});
         }
         return most;
       }
     }
 
-    /// The crossed two-node exchange of v[0..m) with the other node's rank of this group
-    /// (see the file comment); `owner` (0 or 1) is the inter-node rank that sums; it
-    /// sends wire_q's bytes. Returns the compressed sum (in ws), which every rank of the
-    /// group decoded into v.
+    /// The crossed two-node exchange of group l's chunk of buf with the other node's rank
+    /// of the group (see the file comment), in d's pieces, slots and keys; the inter-node
+    /// seed is rng's. Leaves the compressed sum, which every rank of the group decoded
+    /// into buf, in ws: in the owner's out slot, the other node's in slot.
     template <class NodeSum>
-    const std::byte* cross(T* v, std::size_t m, std::byte* ws, int owner, const quant::rng_state& rng, quant::host_exec ex,
-                           NodeSum&& node_sum) {
+    void cross(const description& d, int node, int l, T* buf, std::byte* ws, const quant::rng_state& rng,
+                           quant::host_exec ex, NodeSum&& node_sum) {
       X& x = *inter_x_;
-      const int me = x.rank();
-      const int other = 1 - me;
-      const std::size_t K = cross_pieces(m);
-      const auto pieces = cross_layout(m);
-      std::byte* out = ws;
-      std::byte* in = ws + round_to_line(cross_slot(m));
-      auto stream = [&](std::uint32_t s, const chunk& c) {
-        quant::rng_state st = rng;
-        st.stream = s;
-        st.position = rng.position + c.begin;
-        return st;
-      };
+      const int other = 1 - node;
+      const chunk mine = d.chunk_of(l);
+      T* const v = buf + mine.begin;
+      const std::size_t K = d.cross_pieces(mine.count);
+      std::byte* const out = ws;
+      std::byte* const in = ws + d.cross_in(l);
+      auto values = [&](std::size_t k) { return d.piece_values(mine.count, k); };
+      auto offset = [&](std::size_t k) { return d.piece_offset(mine.count, k); };
+      auto bytes = [&](std::size_t k) { return d.wire(values(k).count); };
+      auto key = [&](std::size_t k) { return ::cgx::schedule::keyed(rng, d.cross_key(node, l, k)); };
       cross_recv_.clear();
       cross_send_.clear();
-      if (me != owner) {
+      if (node != description::owner(l)) {
         // Post the receives of the sums, then compress and send piece by piece.
-        for (std::size_t k = 0; k < K; ++k) cross_recv_.push_back(x.irecv(in + pieces[k].offset, pieces[k].bytes, owner, tag_back));
+        for (std::size_t k = 0; k < K; ++k) cross_recv_.push_back(x.irecv(in + offset(k), bytes(k), other, tag_back));
         for (std::size_t k = 0; k < K; ++k) {
-          const piece_t& pc = pieces[k];
           node_sum(k);
-          wire_q::template compress<T>(v + pc.values.begin, pc.values.count, out + pc.offset,
-                                   stream(static_cast<std::uint32_t>(me), pc.values), ex);
-          cross_send_.push_back(x.isend(out + pc.offset, pc.bytes, owner, tag_cross));
+          wire_q::template compress<T>(v + values(k).begin, values(k).count, out + offset(k), key(k), ex);
+          cross_send_.push_back(x.isend(out + offset(k), bytes(k), other, tag_cross));
           comm::progress(x);  // let the pieces sent so far move while the next one is compressed
         }
         for (std::size_t k = 0; k < K; ++k) {
-          const piece_t& pc = pieces[k];
           x.wait_all(std::span(cross_recv_.data() + k, 1));
-          wire_q::template decompress<T>(in + pc.offset, pc.values.count, v + pc.values.begin, ex);
+          wire_q::template decompress<T>(in + offset(k), values(k).count, v + values(k).begin, ex);
         }
         x.wait_all(std::span(cross_send_));
-        return in;
+        return;
       }
-      for (std::size_t k = 0; k < K; ++k) cross_recv_.push_back(x.irecv(in + pieces[k].offset, pieces[k].bytes, other, tag_cross));
+      for (std::size_t k = 0; k < K; ++k) cross_recv_.push_back(x.irecv(in + offset(k), bytes(k), other, tag_cross));
       // Add each piece as it arrives and quantize its sum at once (the owner keeps the
       // decoded bytes, like the other node), but send nothing back before the last piece
       // is in: then the pair's connection carries one direction at a time.
       for (std::size_t k = 0; k < K; ++k) {
-        const piece_t& pc = pieces[k];
         node_sum(k);
         x.wait_all(std::span(cross_recv_.data() + k, 1));
-        wire_q::template decompress_add<T>(in + pc.offset, pc.values.count, v + pc.values.begin, ex);
+        wire_q::template decompress_add<T>(in + offset(k), values(k).count, v + values(k).begin, ex);
         comm::progress(x);  // answer the next pieces' senders between the passes
-        wire_q::template compress<T>(v + pc.values.begin, pc.values.count, out + pc.offset,
-                                 stream(static_cast<std::uint32_t>(2 + me), pc.values), ex);
+        wire_q::template compress<T>(v + values(k).begin, values(k).count, out + offset(k), key(k), ex);
         comm::progress(x);
-        if constexpr (!wire_q::lossless) wire_q::template decompress<T>(out + pc.offset, pc.values.count, v + pc.values.begin, ex);
+        if constexpr (!wire_q::lossless) wire_q::template decompress<T>(out + offset(k), values(k).count, v + values(k).begin, ex);
       }
-      for (std::size_t k = 0; k < K; ++k) cross_send_.push_back(x.isend(out + pieces[k].offset, pieces[k].bytes, other, tag_back));
+      for (std::size_t k = 0; k < K; ++k) cross_send_.push_back(x.isend(out + offset(k), bytes(k), other, tag_back));
       x.wait_all(std::span(cross_send_));
-      return out;
     }
 
     std::optional<X> intra_x_, inter_x_;
-    int crossed_groups_ = 0;  // crossed groups of a large call: L or L - 1 on two nodes, else 0
     std::vector<typename X::request> cross_recv_, cross_send_, node_recv_, node_send_;
     std::optional<intra_schedule> intra_;
     std::optional<inter_schedule> inter_;
