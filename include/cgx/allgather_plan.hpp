@@ -14,11 +14,9 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
-#include <type_traits>
 #include <vector>
 
 #include "comm/chunking.hpp"
-#include "concepts.hpp"
 #include "plan_common.hpp"
 #include "quant/host_exec.hpp"
 #include "detail/tags.hpp"
@@ -27,26 +25,12 @@ namespace cgx {
 
 /// Compressed allgather of blocks of up to `max_count` values of T per rank (see the
 /// file comment).
-///
-/// \tparam T  float or double
-/// \tparam Q  a fixed-size quantizer: quant::maxmin<...> or quant::none
-/// \tparam X  transport: comm::mpi or comm::shm
-///
-/// Construction and every call are collective: every rank of the transport must make
-/// them, in the same order.
+/// T, Q and X as for every collective_plan; construction and every call are collective.
 template <class T, class Q, class X>
-class allgather_plan : public plan_core<X> {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "cgx::allgather_plan: T must be float or double");
-  static_assert(quantizer_for<Q, T>, "cgx::allgather_plan: Q must be a fixed-size quantizer "
-                                     "(cgx::quant::maxmin<Bits, Bucket, Rounding> or cgx::quant::none)");
-  static_assert(transport<X>, "cgx::allgather_plan: X must be a transport (cgx::comm::mpi or cgx::comm::shm)");
-  using base = plan_core<X>;
+class allgather_plan : public collective_plan<T, Q, X> {
+  using base = collective_plan<T, Q, X>;
 
  public:
-  using value_type = T;          ///< the element type of the buffers
-  using quantizer_type = Q;      ///< the quantizer (codec) on the wire
-  using transport_type = X;      ///< the transport
-
   /// Bytes of workspace for blocks of up to `max_count` values on `ranks` ranks.
   /// Throws cgx::error(errc::invalid_argument) if that size overflows std::size_t.
   static std::size_t workspace_bytes(std::size_t max_count, int ranks) {

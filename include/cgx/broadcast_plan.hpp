@@ -15,10 +15,8 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <vector>
 
-#include "concepts.hpp"
 #include "plan_common.hpp"
 #include "quant/host_exec.hpp"
 #include "detail/tags.hpp"
@@ -26,26 +24,13 @@
 namespace cgx {
 
 /// Compressed broadcast of up to `max_count` values of T (see the file comment).
-///
-/// \tparam T  float or double
-/// \tparam Q  a fixed-size quantizer: quant::maxmin<...> or quant::none
-/// \tparam X  transport: comm::mpi or comm::shm
-///
-/// Construction and every call are collective: every rank of the transport must make
-/// them, in the same order.
+/// Construction and every call are collective, in the same order on every rank (T, Q
+/// and X: see collective_plan).
 template <class T, class Q, class X>
-class broadcast_plan : public plan_core<X> {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "cgx::broadcast_plan: T must be float or double");
-  static_assert(quantizer_for<Q, T>, "cgx::broadcast_plan: Q must be a fixed-size quantizer "
-                                     "(cgx::quant::maxmin<Bits, Bucket, Rounding> or cgx::quant::none)");
-  static_assert(transport<X>, "cgx::broadcast_plan: X must be a transport (cgx::comm::mpi or cgx::comm::shm)");
-  using base = plan_core<X>;
+class broadcast_plan : public collective_plan<T, Q, X> {
+  using base = collective_plan<T, Q, X>;
 
  public:
-  using value_type = T;          ///< the element type of the buffers
-  using quantizer_type = Q;      ///< the quantizer (codec) on the wire
-  using transport_type = X;      ///< the transport
-
   /// Bytes of workspace for up to `max_count` values (any number of ranks).
   /// Throws cgx::error(errc::invalid_argument) if that size overflows std::size_t.
   static std::size_t workspace_bytes(std::size_t max_count, int ranks) {

@@ -85,6 +85,20 @@ struct device_transport_of<mpi> {
   using type = mpi_device;  ///< the device transport
 };
 #endif
+
+/// The device transport that a device plan over X drives (device_transport_of), checked:
+/// anything but a device or host transport fails to compile here, with what it lacks.
+template <class X>
+struct checked_device_transport_of {
+  using type = typename device_transport_of<X>::type;  ///< the device transport
+  static_assert(device_transport<type>,
+                "cgx::device_allreduce_plan, cgx::layerwise_device_plan: X must be a device transport "
+                "(cgx::comm::mpi, cgx::comm::cuda_ipc or cgx::comm::nccl) or a host transport: the plan needs "
+                "rank(), size(), reserve(), prepare_send(), exchange() and max_all()");
+};
+/// The checked device transport of X (checked_device_transport_of).
+template <class X>
+using device_transport_t = typename checked_device_transport_of<X>::type;
 }  // namespace comm
 
 namespace detail {
@@ -140,7 +154,7 @@ class device_allreduce_plan {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, __half> ||
                     std::is_same_v<T, __nv_bfloat16>,
                 "cgx::device_allreduce_plan: T must be float, double, __half or __nv_bfloat16");
-  static_assert(detail::has_device_kernels<comm::runtime_of<typename comm::device_transport_of<X>::type>, Q>,
+  static_assert(detail::has_device_kernels<comm::runtime_of<comm::device_transport_t<X>>, Q>,
                 "cgx::device_allreduce_plan: Q must have CUDA kernels (cgx::quant::maxmin<Bits, Bucket, Rounding> "
                 "or cgx::quant::none)");
   static_assert(detail::device_schedule<R>::exists,
@@ -149,10 +163,7 @@ class device_allreduce_plan {
 
  public:
   /// The transport the plan drives (comm::mpi_device for X = comm::mpi).
-  using device_transport_type = typename comm::device_transport_of<X>::type;
-  static_assert(comm::device_transport<device_transport_type>,
-                "cgx::device_allreduce_plan: X must be a device transport (cgx::comm::mpi, cgx::comm::cuda_ipc or "
-                "cgx::comm::nccl): it needs rank(), size(), reserve(), prepare_send(), exchange() and max_all()");
+  using device_transport_type = comm::device_transport_t<X>;
   using value_type = T;          ///< the element type of the buffers
   using quantizer_type = Q;      ///< the quantizer (codec) on the wire
   using reducer_type = R;        ///< the reducer (schedule)

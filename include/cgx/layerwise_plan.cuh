@@ -87,16 +87,13 @@ device_codec<T> make_device_codec(const layer_setting& s) {
 template <class T, class X, class Rounding = quant::stochastic>
 class layerwise_device_plan
     : public detail::layerwise_base<layerwise_device_plan<T, X, Rounding>, T,
-                                    typename comm::device_transport_of<X>::type, detail::device_codec<T>> {
+                                    comm::device_transport_t<X>, detail::device_codec<T>> {
   static_assert(quant::is_rounding_v<Rounding>,
                 "cgx::layerwise_device_plan: Rounding must be cgx::quant::stochastic or cgx::quant::nearest");
 
  public:
   /// The device transport the plan drives (comm::mpi_device for X = comm::mpi).
-  using device_transport_type = typename comm::device_transport_of<X>::type;
-  static_assert(comm::device_transport<device_transport_type>,
-                "cgx::layerwise_device_plan: X must be a device transport (cgx::comm::mpi, cgx::comm::cuda_ipc, "
-                "cgx::comm::nccl) or a host transport");
+  using device_transport_type = comm::device_transport_t<X>;
 
  private:
   using base = detail::layerwise_base<layerwise_device_plan<T, X, Rounding>, T, device_transport_type,

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "concepts.hpp"
 #include "detail/checked.hpp"
 #include "error.hpp"
 #include "comm/header.hpp"
@@ -428,6 +429,34 @@ class plan_core {
   std::span<std::byte> ws_;              ///< the workspace in use (owned_ or the caller's)
   std::uint32_t calls_ = 0;              ///< the call counter (next_rng())
   std::atomic<bool> busy_{false};        ///< held by a call in progress (claim())
+};
+
+/// The core of the fixed-size host collectives (reduce_scatter_plan, allgather_plan,
+/// broadcast_plan): plan_core, with their requirements on T, Q and X checked once and
+/// their member types.
+///
+/// \tparam T  float or double
+/// \tparam Q  a fixed-size quantizer: quant::maxmin<...> or quant::none
+/// \tparam X  transport: comm::mpi or comm::shm
+///
+/// Construction and every call are collective: every rank of the transport must make
+/// them, in the same order.
+template <class T, class Q, class X>
+class collective_plan : public plan_core<X> {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "cgx::allgather_plan, cgx::broadcast_plan and cgx::reduce_scatter_plan: T must be float or double");
+  static_assert(quantizer_for<Q, T>, "cgx::allgather_plan, cgx::broadcast_plan and cgx::reduce_scatter_plan: Q must be a "
+                                     "fixed-size quantizer (cgx::quant::maxmin<Bits, Bucket, Rounding> or cgx::quant::none)");
+  static_assert(transport<X>, "cgx::allgather_plan, cgx::broadcast_plan and cgx::reduce_scatter_plan: X must be a transport "
+                              "(cgx::comm::mpi or cgx::comm::shm)");
+
+ public:
+  using value_type = T;      ///< the element type of the buffers
+  using quantizer_type = Q;  ///< the quantizer (codec) on the wire
+  using transport_type = X;  ///< the transport
+
+ protected:
+  using plan_core<X>::plan_core;
 };
 
 }  // namespace cgx

@@ -18,40 +18,23 @@
 
 #include <cstddef>
 #include <span>
-#include <type_traits>
 
 #include "comm/chunking.hpp"
 #include "comm/scatter_reduce_allgather.hpp"
-#include "concepts.hpp"
 #include "plan_common.hpp"
 #include "quant/host_exec.hpp"
 
 namespace cgx {
 
 /// Compressed reduce-scatter (sum) of up to `max_count` values of T (see the file comment).
-///
-/// \tparam T  float or double
-/// \tparam Q  a fixed-size quantizer: quant::maxmin<...> or quant::none
-/// \tparam X  transport: comm::mpi or comm::shm
-///
-/// Construction and every call are collective: every rank of the transport must make
-/// them, in the same order.
+/// T, Q, X: see collective_plan. Every rank of the transport constructs the plan and
+/// makes every call, in the same order.
 template <class T, class Q, class X>
-class reduce_scatter_plan : public plan_core<X> {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "cgx::reduce_scatter_plan: T must be float or double");
-  static_assert(quantizer_for<Q, T>, "cgx::reduce_scatter_plan: Q must be a fixed-size quantizer "
-                                     "(cgx::quant::maxmin<Bits, Bucket, Rounding> or cgx::quant::none)");
-  static_assert(transport<X>, "cgx::reduce_scatter_plan: X must be a transport (cgx::comm::mpi or cgx::comm::shm)");
-
+class reduce_scatter_plan : public collective_plan<T, Q, X> {
   using schedule_type = typename comm::scatter_reduce_allgather::template schedule<T, Q, X>;
-  using base = plan_core<X>;
+  using base = collective_plan<T, Q, X>;
 
  public:
-  using value_type = T;          ///< the element type of the buffers
-  using quantizer_type = Q;      ///< the quantizer (codec) on the wire
-  using transport_type = X;      ///< the transport
-
   /// Bytes of workspace a plan for `max_count` values on `ranks` ranks needs.
   /// Throws cgx::error(errc::invalid_argument) if that size overflows std::size_t.
   static std::size_t workspace_bytes(std::size_t max_count, int ranks) {

@@ -20,30 +20,23 @@
 #include <cstdint>
 #include <span>
 
-#include <cuda_runtime.h>
-
-#if defined(__CUDACC__)
-#include "../quant/maxmin.cuh"  // cuda_runtime's kernels (a simulated runtime brings its own)
-#endif
-#include "../quant/rounding.hpp"
-#include "chunking.hpp"
-#include "device_transport.cuh"
-#include "runtime.cuh"
+#include "device_schedule.cuh"
 #include "../schedule/ring.hpp"
 
 namespace cgx::comm {
 
-/// Device ring for values T, quantizer Q, transport X; the kernels are those of X's
-/// runtime policy (comm/runtime.cuh: `quant::device<Q>` on the CUDA runtime).
+/// The ring on device buffers (see the file comment).
 template <class T, class Q, class X>
 class device_ring {
-  using D = typename runtime_of<X>::template kernels<Q>;
+  using D = device_kernels<Q, X>;
+  static std::size_t slot_bytes(std::size_t n, int p) { return device_slot_bytes<D, T>(n, p, granule_of<Q>); }
 
  public:
   /// Buckets are never split between ranks.
   static constexpr std::size_t granule = granule_of<Q>;
 
-  /// Bytes of device workspace for up to n values on p ranks.
+  /// Bytes of device workspace for up to n values on p ranks: p gather slots, two send
+  /// and two receive slots.
   static std::size_t workspace_bytes(std::size_t n, int p) {
     return p < 2 ? 0 : (static_cast<std::size_t>(p) + 4) * slot_bytes(n, p);
   }
@@ -123,7 +116,6 @@ class device_ring {
 
  private:
   using description = ::cgx::schedule::ring;
-  static std::size_t slot_bytes(std::size_t n, int p) { return device_slot_bytes<D, T>(n, p, granule); }
 };
 
 }  // namespace cgx::comm

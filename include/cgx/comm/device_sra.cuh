@@ -18,15 +18,7 @@
 #include <span>
 #include <vector>
 
-#include <cuda_runtime.h>
-
-#if defined(__CUDACC__)
-#include "../quant/maxmin.cuh"  // cuda_runtime's kernels (a simulated runtime brings its own)
-#endif
-#include "../quant/rounding.hpp"
-#include "chunking.hpp"
-#include "device_transport.cuh"
-#include "runtime.cuh"
+#include "device_schedule.cuh"
 #include "../schedule/sra.hpp"
 
 namespace cgx::comm {
@@ -99,17 +91,17 @@ class device_sra_executor {
   std::vector<device_message> recvs_;
 };
 
-/// Device SRA for values T, quantizer Q, transport X; the kernels are those of X's
-/// runtime policy (comm/runtime.cuh: `quant::device<Q>` on the CUDA runtime).
+/// Scatter-reduce-allgather on device buffers (see the file comment).
 template <class T, class Q, class X>
 class device_sra {
-  using D = typename runtime_of<X>::template kernels<Q>;
+  using D = device_kernels<Q, X>;
+  static std::size_t slot_bytes(std::size_t n, int p) { return device_slot_bytes<D, T>(n, p, granule_of<Q>); }
 
  public:
   /// Buckets are never split between ranks.
   static constexpr std::size_t granule = granule_of<Q>;
 
-  /// Bytes of device workspace for up to n values on p ranks.
+  /// Bytes of device workspace for up to n values on p ranks: 2p slots.
   static std::size_t workspace_bytes(std::size_t n, int p) {
     return p < 2 ? 0 : 2 * static_cast<std::size_t>(p) * slot_bytes(n, p);
   }
@@ -133,7 +125,6 @@ class device_sra {
  private:
   using description = ::cgx::schedule::sra;
   static constexpr ::cgx::schedule::size_fn bytes = &D::template compressed_bytes<T>;
-  static std::size_t slot_bytes(std::size_t n, int p) { return device_slot_bytes<D, T>(n, p, granule); }
 
   /// The chunk codec of device_sra_executor: chunk o is description chunk o.
   struct codec {

@@ -28,30 +28,23 @@
 #include <span>
 #include <vector>
 
-#include <cuda_runtime.h>
-
-#if defined(__CUDACC__)
-#include "../quant/maxmin.cuh"  // cuda_runtime's kernels (a simulated runtime brings its own)
-#endif
-#include "../quant/rounding.hpp"
-#include "chunking.hpp"
-#include "device_transport.cuh"
-#include "runtime.cuh"
+#include "device_schedule.cuh"
 #include "../schedule/tree.hpp"
 
 namespace cgx::comm {
 
-/// Device tree for values T, quantizer Q, transport X; the kernels are those of X's
-/// runtime policy (comm/runtime.cuh: `quant::device<Q>` on the CUDA runtime).
+/// Recursive halving / doubling on device buffers (see the file comment).
 template <class T, class Q, class X>
 class device_tree {
-  using D = typename runtime_of<X>::template kernels<Q>;
+  using D = device_kernels<Q, X>;
+  static std::size_t slot_bytes(std::size_t n, int p) { return device_slot_bytes<D, T>(n, p, granule_of<Q>); }
 
  public:
   /// Buckets are never split between ranks.
   static constexpr std::size_t granule = granule_of<Q>;
 
-  /// Bytes of device workspace for up to n values on p ranks.
+  /// Bytes of device workspace for up to n values on p ranks: a slot per chunk of the
+  /// power-of-two cut, two send and two receive slots of a whole compressed buffer.
   static std::size_t workspace_bytes(std::size_t n, int p) {
     if (p < 2) return 0;
     const sizes z = sizes_of(n, p);
@@ -185,7 +178,7 @@ class device_tree {
     std::size_t whole;  // the whole buffer, compressed, cache-line rounded
   };
   static sizes sizes_of(std::size_t n, int p) {
-    return {device_slot_bytes<D, T>(n, description::pow2(p), granule), round_to_line(D::template compressed_bytes<T>(n))};
+    return {slot_bytes(n, description::pow2(p)), round_to_line(D::template compressed_bytes<T>(n))};
   }
 
   std::vector<device_message> msgs_;   // this exchange's sends

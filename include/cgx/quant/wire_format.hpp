@@ -282,45 +282,38 @@ __device__ __forceinline__ float ptx_upper(float a, float b) {
 }
 #endif
 
+/// The four operations of the exact arithmetic below.
+enum class rn_op { add, sub, mul, div };
+
+/// a `Op` b, rounded to nearest even on its own: the device's PTX without .ftz, the
+/// host's operator (a product hidden by opaque(), so never contracted).
+template <rn_op Op, class M>
+CGX_HOST_DEVICE CGX_FORCEINLINE M rn(M a, M b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (Op == rn_op::add) return ptx_add(a, b);
+  else if constexpr (Op == rn_op::sub) return ptx_sub(a, b);
+  else if constexpr (Op == rn_op::mul) return ptx_mul(a, b);
+  else return ptx_div(a, b);
+#else
+  if constexpr (Op == rn_op::add) return a + b;
+  else if constexpr (Op == rn_op::sub) return a - b;
+  else if constexpr (Op == rn_op::mul) return opaque(a * b);
+  else return a / b;
+#endif
+}
+
 /// a * b rounded on its own (never contracted with a following addition, never flushed).
 template <class M>
-CGX_HOST_DEVICE CGX_FORCEINLINE M mul_rn(M a, M b) {
-#if defined(__CUDA_ARCH__)
-  return ptx_mul(a, b);
-#else
-  return opaque(a * b);
-#endif
-}
-
+CGX_HOST_DEVICE CGX_FORCEINLINE M mul_rn(M a, M b) { return rn<rn_op::mul>(a, b); }
 /// a + b, rounded to nearest, never flushed.
 template <class M>
-CGX_HOST_DEVICE CGX_FORCEINLINE M add_rn(M a, M b) {
-#if defined(__CUDA_ARCH__)
-  return ptx_add(a, b);
-#else
-  return a + b;
-#endif
-}
-
+CGX_HOST_DEVICE CGX_FORCEINLINE M add_rn(M a, M b) { return rn<rn_op::add>(a, b); }
 /// a - b, rounded to nearest, never flushed.
 template <class M>
-CGX_HOST_DEVICE CGX_FORCEINLINE M sub_rn(M a, M b) {
-#if defined(__CUDA_ARCH__)
-  return ptx_sub(a, b);
-#else
-  return a - b;
-#endif
-}
-
+CGX_HOST_DEVICE CGX_FORCEINLINE M sub_rn(M a, M b) { return rn<rn_op::sub>(a, b); }
 /// a / b, correctly rounded (never an approximate reciprocal), never flushed.
 template <class M>
-CGX_HOST_DEVICE CGX_FORCEINLINE M div_rn(M a, M b) {
-#if defined(__CUDA_ARCH__)
-  return ptx_div(a, b);
-#else
-  return a / b;
-#endif
-}
+CGX_HOST_DEVICE CGX_FORCEINLINE M div_rn(M a, M b) { return rn<rn_op::div>(a, b); }
 
 /// b < a ? b : a (a when they compare equal or either is NaN); subnormals compared as
 /// such, not as zero.

@@ -88,6 +88,15 @@ struct compression {
   std::size_t offset;  ///< where in the workspace its bytes go
 };
 
+/// n values on p ranks, cut into p chunks whose boundaries fall on multiples of the
+/// granule (comm::chunk_of): what the ring and the direct reduce-scatter start from.
+struct cut {
+  std::size_t n;        ///< values
+  int p;                ///< ranks
+  std::size_t granule;  ///< chunk boundaries fall on multiples of this
+  constexpr chunk chunk_of(int c) const { return comm::chunk_of(n, p, c, granule); }  ///< chunk c's values
+};
+
 /// value i of [0, parts) skipping `skip`: the i-th addend of a sum that starts from the
 /// part of rank `skip` and adds the others in rank order.
 constexpr int rank_order_skipping(int skip, int i) { return i < skip ? i : i + 1; }

@@ -18,21 +18,17 @@
 namespace cgx::schedule {
 
 /// Direct raw reduce-scatter + allgather for n values of value_size bytes on p ranks.
-struct direct_reduce_scatter {
-  std::size_t n;           ///< values
-  int p;                   ///< ranks
-  std::size_t granule;     ///< chunk boundaries fall on multiples of this
+struct direct_reduce_scatter : cut {
   std::size_t value_size;  ///< bytes per value
   std::size_t slot;        ///< bytes per part slot
 
   /// The description for n values of value_size bytes on p ranks.
   static constexpr direct_reduce_scatter make(std::size_t n, int p, std::size_t granule, std::size_t value_size) {
-    return {n, p, granule, value_size, comm::round_to_line(comm::largest_chunk(n, p, granule) * value_size)};
+    return {{n, p, granule}, value_size, comm::round_to_line(comm::largest_chunk(n, p, granule) * value_size)};
   }
   /// Workspace slots: the p - 1 incoming parts of my chunk.
   static constexpr std::size_t slots(int p) { return p <= 1 ? 0 : static_cast<std::size_t>(p - 1); }
 
-  constexpr chunk chunk_of(int o) const { return comm::chunk_of(n, p, o, granule); }  ///< chunk o's values
   constexpr int to(int r, int s) const { return (r + s) % p; }                         ///< peer of step s (1..p-1)
   static constexpr int addend(int o, int i) { return rank_order_skipping(o, i); }      ///< i-th part o adds
   /// Workspace offset where owner o receives rank r's part.

@@ -22,16 +22,13 @@
 namespace cgx::schedule {
 
 /// Ring for n values on p ranks (see the file comment).
-struct ring {
-  std::size_t n;        ///< values
-  int p;                ///< ranks
-  std::size_t granule;  ///< chunk boundaries fall on multiples of this
+struct ring : cut {
   size_fn bytes;        ///< compressed size of a count
   std::size_t slot;     ///< bytes per workspace slot
 
   /// The description for n values on p ranks.
   static constexpr ring make(std::size_t n, int p, std::size_t granule, size_fn bytes) {
-    return {n, p, granule, bytes, comm::round_to_line(largest_compressed(n, p, granule, bytes))};
+    return {{n, p, granule}, bytes, comm::round_to_line(largest_compressed(n, p, granule, bytes))};
   }
   /// Workspace slots: p gather slots, one send, one receive.
   static constexpr std::size_t slots(int p) { return static_cast<std::size_t>(p) + 2; }
@@ -39,7 +36,6 @@ struct ring {
   constexpr int mod(int v) const { return ((v % p) + p) % p; }  ///< v mod p, in [0, p)
   constexpr int right(int r) const { return mod(r + 1); }        ///< where r sends
   constexpr int left(int r) const { return mod(r - 1); }         ///< where r receives from
-  constexpr chunk chunk_of(int c) const { return comm::chunk_of(n, p, c, granule); }  ///< chunk c's values
 
   constexpr int reduce_out(int r, int s) const { return mod(r - s); }      ///< chunk r sends at reduce step s
   constexpr int reduce_in(int r, int s) const { return mod(r - s - 1); }   ///< chunk r receives and adds at step s
