@@ -44,14 +44,14 @@ cgx::plan_options local_checks(std::uint32_t timeout_ms = 0) {
 // Over comm::shm under MPI_THREAD_SERIALIZED (this test's level) a waiting rank cannot
 // listen for reports (see shm.hpp), so a rank waiting for one that gave up is ended by the
 // wait limit: errc::timeout is then an expected outcome too.
+// The last rank passes `short_n` instead of n.
 template <class R, class X>
-void mismatched_counts(X x, std::uint32_t timeout_ms = 0) {
+void mismatched_counts(X x, std::uint32_t timeout_ms = 0, std::size_t n = 50000, std::size_t short_n = 49000) {
   const int r = cgx_test::world_rank();
   const int p = cgx_test::world_size();
-  const std::size_t n = 50000;
   cgx::allreduce_plan<float, Q4, R, X> plan{std::move(x), n, local_checks(timeout_ms)};
   auto v = cgx_test::inputs<float>(r, n);
-  const auto code = cgx_test::error_code_of([&] { plan(v.data(), r == p - 1 ? n - 1000 : n); });
+  const auto code = cgx_test::error_code_of([&] { plan(v.data(), r == p - 1 ? short_n : n); });
   const auto codes = gather_codes(code);
   int mismatches = 0;
   for (int c : codes) {
@@ -101,7 +101,18 @@ void absent_rank(X x) {
 
 TEST_CASE("mismatched counts under local checking (comm::mpi, SRA): an error on every rank, no abort, no hang") {
   if (cgx_test::world_size() < 2) return;
-  mismatched_counts<SRA>(cgx::comm::mpi{MPI_COMM_WORLD});
+  const std::size_t p = static_cast<std::size_t>(cgx_test::world_size());
+  // comm::mpi sends a payload of at most inline_bytes in one message with its header,
+  // a larger one as a message of its own after the header: chunks of both kinds, and
+  // ranks that disagree on the kind.
+  static_assert(cgx::comm::mpi::inline_bytes == 16384, "the counts below assume 16 KiB");
+  SUBCASE("inline messages (50000 values)") { mismatched_counts<SRA>(cgx::comm::mpi{MPI_COMM_WORLD}); }
+  SUBCASE("header, then payload (400000 values per rank)") {
+    mismatched_counts<SRA>(cgx::comm::mpi{MPI_COMM_WORLD}, 0, 400000 * p, 400000 * p - 1000);
+  }
+  SUBCASE("one rank inline, the others not") {
+    mismatched_counts<SRA>(cgx::comm::mpi{MPI_COMM_WORLD}, 0, 50000 * p, 50000 * p / 3);
+  }
 }
 
 TEST_CASE("mismatched counts under local checking (comm::mpi, ring): an error on every rank, no hang") {
@@ -207,9 +218,8 @@ cgx::plan_options verified(std::uint32_t timeout_ms = 0) {
 // instead of decoding wrong values. Over comm::shm under MPI_THREAD_SERIALIZED a waiting
 // rank hears reports only through its wait limit (see shm.hpp): errc::timeout there.
 template <class R, class X>
-void corrupt_wire(X x, bool listens) {
+void corrupt_wire(X x, bool listens, std::size_t n = 60000) {
   const int r = cgx_test::world_rank();
-  const std::size_t n = 60000;
   cgx::allreduce_plan<float, Q4, R, X> plan{std::move(x), n, verified(listens ? 0 : 3000)};
   auto v = cgx_test::inputs<float>(r, n);
   if (r == 0) {
@@ -258,6 +268,9 @@ TEST_CASE("verify: a bit flipped on the wire throws errc::corrupt on every rank 
   if (cgx_test::world_size() < 2) return;
   SUBCASE("SRA") { corrupt_wire<SRA>(cgx::comm::mpi{MPI_COMM_WORLD}, true); }
   SUBCASE("ring") { corrupt_wire<Ring>(cgx::comm::mpi{MPI_COMM_WORLD}, true); }
+  SUBCASE("SRA, payloads above inline_bytes (a message after their header)") {
+    corrupt_wire<SRA>(cgx::comm::mpi{MPI_COMM_WORLD}, true, 400000 * static_cast<std::size_t>(cgx_test::world_size()));
+  }
 }
 
 TEST_CASE("verify: a bit flipped in the ring throws errc::corrupt (comm::shm)") {
