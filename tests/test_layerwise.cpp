@@ -15,6 +15,7 @@
 
 #include "checksums.hpp"
 #include "mpi_test_util.hpp"
+#include "reducer_checks.hpp"
 
 namespace {
 
@@ -200,20 +201,31 @@ TEST_CASE("mixed bits: within the SRA bound of each layer's setting, identical o
   CHECK(sent == total);
 }
 
-TEST_CASE("stochastic rounding: identical on all ranks, uncompressed layers exact, over repeated calls") {
+TEST_CASE("stochastic rounding: identical on all ranks, uncompressed layers exact, compressed ones within bound, over repeated calls") {
   const int r = world_rank();
   const auto ls = model_layers();
   cgx::layerwise_plan<float, mpi> plan{mpi{MPI_COMM_WORLD}, model_size, ls, {.defaults = {.bits = 3, .bucket = 512}}};
+  std::vector<std::vector<float>> all;  // every rank's inputs, for the bound
+  for (int q = 0; q < world_size(); ++q) all.push_back(cgx_test::integer_inputs<float>(q, model_size));
   for (int call = 0; call < 3; ++call) {
     auto x = cgx_test::integer_inputs<float>(r, model_size);
     const auto want = cgx_test::mpi_sum(x);
     plan(x.data(), x.size());
     CHECK(layers_identical(x, ls));
-    std::size_t wrong = 0;
-    for (std::size_t i = 0; i < ls.size(); ++i)
-      if (plan.settings()[i].bits == 0)
+    std::size_t wrong = 0, outside = 0;
+    for (std::size_t i = 0; i < ls.size(); ++i) {
+      const auto& st = plan.settings()[i];
+      if (st.bits == 0) {
         for (std::size_t k = ls[i].offset; k < ls[i].offset + ls[i].count; ++k) wrong += x[k] != want[k];
+      } else {
+        // Compressed layers: within the bound of two stochastic quantizations per value
+        // (SRA: each contribution, then the owner's sum), buckets counted from the layer.
+        outside += cgx_test::outside_bound_in(x.data(), ls[i].offset, ls[i].offset + ls[i].count, world_size(), st.bucket,
+                                              st.bits, 1.0, 2, [&](int q, std::size_t k) { return all[static_cast<std::size_t>(q)][k]; });
+      }
+    }
     CHECK(wrong == 0);
+    CHECK(outside == 0);
   }
   CHECK(plan.calls() == 3);
 }
@@ -223,7 +235,8 @@ TEST_CASE("settings change between calls without reallocating; fewer bits, large
   const std::vector<layer> ls{{0, 40000, false}};
   cgx::layerwise_plan<float, mpi, cgx::quant::nearest> plan{mpi{MPI_COMM_WORLD}, 40000, ls, {.defaults = {.bits = 8}}};
   const std::size_t ws = plan.workspace_size();
-  CHECK(ws > 0);
+  // Sized for the uncompressed worst case: a raw chunk of the layer fits in it.
+  if (p > 1) CHECK(ws >= 40000 / static_cast<std::size_t>(p) * sizeof(float));
   double err[9] = {};
   for (int bits : {8, 4, 2, 0}) {
     plan.set_bits(0, bits);
