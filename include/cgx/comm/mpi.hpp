@@ -108,6 +108,7 @@ class mpi {
     detail::wire_header* header = nullptr;     ///< the header sent, or the one received
     void* data = nullptr;                      ///< the payload, in the caller's memory
     std::byte* staged = nullptr;               ///< an inline payload's copy in the staging buffer, else null
+    std::byte* first = nullptr;                ///< a receive's staging buffer: where its first message (header) lands
     int peer = -1;                             ///< the other rank
     bool send = false;                         ///< a send (else a receive)
   };
@@ -343,9 +344,9 @@ class mpi {
         MPI_Get_elements_x(&st, MPI_BYTE, &got);
         if (got != static_cast<MPI_Count>(q.bytes[part])) {
           std::string why;
-          if (part == 0 && q.staged != nullptr && got >= static_cast<MPI_Count>(sizeof(detail::wire_header))) {
-            // A shorter inline message: its header says how it differs.
-            std::memcpy(q.header, q.staged - sizeof(detail::wire_header), sizeof(detail::wire_header));
+          if (part == 0 && q.first != nullptr && got >= static_cast<MPI_Count>(sizeof(detail::wire_header))) {
+            // A first message of another length: its header says how it differs.
+            std::memcpy(q.header, q.first, sizeof(detail::wire_header));
             why = detail::header_mismatch(*q.header, stamp_.expected(q.payload), q.peer);
           }
           if (why.empty())
@@ -354,7 +355,7 @@ class mpi {
           fail_wait(reqs, errc::mismatch, MPI_SUCCESS, why);
         }
         if (part == 0) {
-          if (q.staged != nullptr) std::memcpy(q.header, q.staged - sizeof(detail::wire_header), sizeof(detail::wire_header));
+          if (q.first != nullptr) std::memcpy(q.header, q.first, sizeof(detail::wire_header));
           const std::string why = detail::header_mismatch(*q.header, stamp_.expected(q.payload), q.peer);
           if (!why.empty()) fail_wait(reqs, errc::mismatch, MPI_SUCCESS, why);
         }
@@ -628,26 +629,37 @@ class mpi {
     q.data = buf;
     q.payload = bytes;
     q.staged = nullptr;
+    q.first = nullptr;
     if (send) *q.header = stamp_.outgoing(buf, bytes);
-    if (bytes <= inline_bytes) {
-      // Header and payload in one message, through a staging buffer.
+    const bool inl = bytes <= inline_bytes;
+    if (inl || !send) {
+      // A staging buffer: header and payload in one message (inline), and for every
+      // receive the first message, whatever its length up to the largest inline message.
+      // So a sender whose message is longer than expected is reported from its header,
+      // never as MPI's truncation error (which MPICH raises on MPI_COMM_WORLD's handler
+      // from MPI_Waitany, aborting the job).
       auto& pool = fault_->staging;
       if (fault_->staging_used == pool.size()) pool.emplace_back();
       std::vector<std::byte>& st = pool[fault_->staging_used++];
-      st.resize(sizeof(detail::wire_header) + bytes);
-      q.staged = st.data() + sizeof(detail::wire_header);
+      const std::size_t len = sizeof(detail::wire_header) + (inl ? bytes : 0);  // the message expected
+      const std::size_t cap = send ? len : sizeof(detail::wire_header) + inline_bytes;
+      if (st.size() < cap) st.resize(cap);
+      if (inl) q.staged = st.data() + sizeof(detail::wire_header);
       if (send) {
         std::memcpy(st.data(), q.header, sizeof(detail::wire_header));
         if (bytes != 0) std::memcpy(q.staged, buf, bytes);
+      } else {
+        q.first = st.data();
       }
-      q.bytes[0] = st.size();
-      start(st.data(), static_cast<int>(st.size()), MPI_BYTE, &q.r[0]);
-      return;
+      q.bytes[0] = len;
+      start(st.data(), static_cast<int>(cap), MPI_BYTE, &q.r[0]);
+      if (inl) return;
+    } else {
+      // The header first, as its own small message (same peer and tag: MPI keeps the
+      // order), so that the payload travels from and into the caller's memory.
+      q.bytes[0] = sizeof(detail::wire_header);
+      start(q.header, static_cast<int>(sizeof(detail::wire_header)), MPI_BYTE, &q.r[0]);
     }
-    // The header first, as its own small message (same peer and tag: MPI keeps the order),
-    // so that the payload travels from and into the caller's memory.
-    q.bytes[0] = sizeof(detail::wire_header);
-    start(q.header, static_cast<int>(sizeof(detail::wire_header)), MPI_BYTE, &q.r[0]);
     if (bytes <= static_cast<std::size_t>(INT_MAX)) {
       q.bytes[1] = bytes;
       start(buf, static_cast<int>(bytes), MPI_BYTE, &q.r[1]);
