@@ -107,8 +107,7 @@ class mpi {
     std::size_t payload = 0;                   ///< the payload's bytes
     detail::wire_header* header = nullptr;     ///< the header sent, or the one received
     void* data = nullptr;                      ///< the payload, in the caller's memory
-    std::byte* staged = nullptr;               ///< an inline payload's copy in the staging buffer, else null
-    std::byte* first = nullptr;                ///< a receive's staging buffer: where its first message (header) lands
+    std::byte* first = nullptr;                ///< a receive's staging buffer: its header, then an inline payload
     int peer = -1;                             ///< the other rank
     bool send = false;                         ///< a send (else a receive)
   };
@@ -362,12 +361,13 @@ class mpi {
         // Header and payload both in (the header was checked): the checksum, with verify;
         // then an inline payload moves to the caller's memory.
         if (q.r[0] == MPI_REQUEST_NULL && q.r[1] == MPI_REQUEST_NULL && q.r[2] == MPI_REQUEST_NULL) {
-          void* const payload = q.staged != nullptr ? static_cast<void*>(q.staged) : q.data;
+          const bool inl = q.payload <= inline_bytes;  // the sender's choice too: it depends on the length only
+          void* const payload = inl ? static_cast<void*>(q.first + sizeof(detail::wire_header)) : q.data;
           if (stamp_.verify) {
             const std::string why = detail::payload_corrupt(*q.header, payload, q.payload, q.peer);
             if (!why.empty()) fail_wait(reqs, errc::corrupt, MPI_SUCCESS, why);
           }
-          if (q.staged != nullptr && q.payload != 0) std::memcpy(q.data, q.staged, q.payload);
+          if (inl && q.payload != 0) std::memcpy(q.data, payload, q.payload);
         }
       }
     }
@@ -628,7 +628,6 @@ class mpi {
     q.header = &fault_->headers.emplace_back();
     q.data = buf;
     q.payload = bytes;
-    q.staged = nullptr;
     q.first = nullptr;
     if (send) *q.header = stamp_.outgoing(buf, bytes);
     const bool inl = bytes <= inline_bytes;
@@ -644,10 +643,9 @@ class mpi {
       const std::size_t len = sizeof(detail::wire_header) + (inl ? bytes : 0);  // the message expected
       const std::size_t cap = send ? len : sizeof(detail::wire_header) + inline_bytes;
       if (st.size() < cap) st.resize(cap);
-      if (inl) q.staged = st.data() + sizeof(detail::wire_header);
       if (send) {
         std::memcpy(st.data(), q.header, sizeof(detail::wire_header));
-        if (bytes != 0) std::memcpy(q.staged, buf, bytes);
+        if (bytes != 0) std::memcpy(st.data() + sizeof(detail::wire_header), buf, bytes);
       } else {
         q.first = st.data();
       }
