@@ -27,31 +27,22 @@ namespace cgx {
 /// file comment).
 /// T, Q and X as for every collective_plan; construction and every call are collective.
 template <class T, class Q, class X>
-class allgather_plan : public collective_plan<T, Q, X> {
-  using base = collective_plan<T, Q, X>;
-
+class allgather_plan : public collective_plan<allgather_plan<T, Q, X>, T, Q, X> {
  public:
+  /// The plan's name in error messages.
+  static constexpr const char* name = "allgather_plan";
+
   /// Bytes of workspace for blocks of up to `max_count` values on `ranks` ranks.
   /// Throws cgx::error(errc::invalid_argument) if that size overflows std::size_t.
   static std::size_t workspace_bytes(std::size_t max_count, int ranks) {
-    return detail::sized("allgather_plan", max_count, ranks, [&] {
+    return detail::sized(name, max_count, ranks, [&] {
       detail::check_raw_bytes(max_count, sizeof(T));
       return detail::checked_mul(static_cast<std::size_t>(ranks), comm::round_to_line(Q::template compressed_bytes<T>(max_count)));
     });
   }
 
-  /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes.
-  allgather_plan(X transport, std::size_t max_count, plan_options opts = {})
-      : base(std::move(transport), max_count, opts, "allgather_plan", workspace_bytes) {
-    reqs_.reserve(2 * static_cast<std::size_t>(this->x_.size()));
-  }
-
-  /// Collective. Uses the caller's workspace (at least workspace_bytes(max_count,
-  /// transport.size()) bytes, outliving the plan); throws cgx::error(errc::workspace) if smaller.
-  allgather_plan(X transport, std::size_t max_count, std::span<std::byte> workspace, plan_options opts = {})
-      : base(std::move(transport), max_count, workspace, opts, "allgather_plan", workspace_bytes) {
-    reqs_.reserve(2 * static_cast<std::size_t>(this->x_.size()));
-  }
+  /// Collective constructors: with an owned or the caller's workspace (see collective_plan).
+  using allgather_plan::collective_plan::collective_plan;
 
   /// Gathers every rank's block in[0..count) into out[r count .. (r + 1) count) for
   /// r = 0..p-1. `in` may be `out + rank() * count` (in place); otherwise the two must
@@ -91,7 +82,7 @@ class allgather_plan : public collective_plan<T, Q, X> {
   static constexpr int tag = cgx::detail::tag_value(cgx::detail::tag::allgather);
   static std::int64_t signature() { return detail::plan_signature<T, Q>("allgather").value(); }
 
-  std::vector<typename X::request> reqs_;
+  std::vector<typename X::request> reqs_ = detail::reserved<typename X::request>(2 * static_cast<std::size_t>(this->x_.size()));
 };
 
 }  // namespace cgx

@@ -27,27 +27,22 @@ namespace cgx {
 /// Construction and every call are collective, in the same order on every rank (T, Q
 /// and X: see collective_plan).
 template <class T, class Q, class X>
-class broadcast_plan : public collective_plan<T, Q, X> {
-  using base = collective_plan<T, Q, X>;
-
+class broadcast_plan : public collective_plan<broadcast_plan<T, Q, X>, T, Q, X> {
  public:
+  /// The plan's name in error messages.
+  static constexpr const char* name = "broadcast_plan";
+
   /// Bytes of workspace for up to `max_count` values (any number of ranks).
   /// Throws cgx::error(errc::invalid_argument) if that size overflows std::size_t.
   static std::size_t workspace_bytes(std::size_t max_count, int ranks) {
-    return detail::sized("broadcast_plan", max_count, ranks, [&] {
+    return detail::sized(name, max_count, ranks, [&] {
       detail::check_raw_bytes(max_count, sizeof(T));
       return Q::template compressed_bytes<T>(max_count);
     });
   }
 
-  /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes.
-  broadcast_plan(X transport, std::size_t max_count, plan_options opts = {})
-      : base(std::move(transport), max_count, opts, "broadcast_plan", workspace_bytes) {}
-
-  /// Collective. Uses the caller's workspace (at least workspace_bytes(max_count,
-  /// transport.size()) bytes, outliving the plan); throws cgx::error(errc::workspace) if smaller.
-  broadcast_plan(X transport, std::size_t max_count, std::span<std::byte> workspace, plan_options opts = {})
-      : base(std::move(transport), max_count, workspace, opts, "broadcast_plan", workspace_bytes) {}
+  /// Collective constructors: with an owned or the caller's workspace (see collective_plan).
+  using broadcast_plan::collective_plan::collective_plan;
 
   /// Replaces buf[0..n) on every rank by the root's values (decoded). Collective: every
   /// rank calls it with the same n and root. Throws cgx::error, leaving buf untouched,

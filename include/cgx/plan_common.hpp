@@ -314,6 +314,14 @@ class call_guard {
   mutable void (*abort_)(void*, const char*) noexcept = nullptr;
 };
 
+/// An empty vector with room for n elements (a plan's request list, sized once).
+template <class R>
+std::vector<R> reserved(std::size_t n) {
+  std::vector<R> v;
+  v.reserve(n);
+  return v;
+}
+
 /// Selects plan_core's constructor that only stores its arguments (see plan_core::setup()).
 struct defer_setup_t {};
 /// The tag of that constructor.
@@ -432,16 +440,18 @@ class plan_core {
 };
 
 /// The core of the fixed-size host collectives (reduce_scatter_plan, allgather_plan,
-/// broadcast_plan): plan_core, with their requirements on T, Q and X checked once and
-/// their member types.
+/// broadcast_plan): plan_core, with their requirements on T, Q and X checked once, their
+/// member types, and their two constructors, which the plans inherit.
 ///
+/// \tparam Plan  the plan deriving from it: names itself (`Plan::name`) and sizes its
+///               workspace (`Plan::workspace_bytes(max_count, ranks)`)
 /// \tparam T  float or double
 /// \tparam Q  a fixed-size quantizer: quant::maxmin<...> or quant::none
 /// \tparam X  transport: comm::mpi or comm::shm
 ///
 /// Construction and every call are collective: every rank of the transport must make
 /// them, in the same order.
-template <class T, class Q, class X>
+template <class Plan, class T, class Q, class X>
 class collective_plan : public plan_core<X> {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "cgx::allgather_plan, cgx::broadcast_plan and cgx::reduce_scatter_plan: T must be float or double");
@@ -455,8 +465,16 @@ class collective_plan : public plan_core<X> {
   using quantizer_type = Q;  ///< the quantizer (codec) on the wire
   using transport_type = X;  ///< the transport
 
- protected:
-  using plan_core<X>::plan_core;
+  /// Collective. Allocates Plan::workspace_bytes(max_count, transport.size()) bytes;
+  /// throws cgx::error(errc::workspace) if that fails.
+  collective_plan(X transport, std::size_t max_count, plan_options opts = {})
+      : plan_core<X>(std::move(transport), max_count, opts, Plan::name, &Plan::workspace_bytes) {}
+
+  /// Collective. Uses the caller's workspace (at least Plan::workspace_bytes(max_count,
+  /// transport.size()) bytes, outliving the plan); throws cgx::error(errc::workspace) if
+  /// it is smaller.
+  collective_plan(X transport, std::size_t max_count, std::span<std::byte> workspace, plan_options opts = {})
+      : plan_core<X>(std::move(transport), max_count, workspace, opts, Plan::name, &Plan::workspace_bytes) {}
 };
 
 }  // namespace cgx

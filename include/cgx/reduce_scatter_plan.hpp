@@ -30,30 +30,22 @@ namespace cgx {
 /// T, Q, X: see collective_plan. Every rank of the transport constructs the plan and
 /// makes every call, in the same order.
 template <class T, class Q, class X>
-class reduce_scatter_plan : public collective_plan<T, Q, X> {
-  using schedule_type = typename comm::scatter_reduce_allgather::template schedule<T, Q, X>;
-  using base = collective_plan<T, Q, X>;
-
+class reduce_scatter_plan : public collective_plan<reduce_scatter_plan<T, Q, X>, T, Q, X> {
  public:
+  /// The plan's name in error messages.
+  static constexpr const char* name = "reduce_scatter_plan";
+
   /// Bytes of workspace a plan for `max_count` values on `ranks` ranks needs.
   /// Throws cgx::error(errc::invalid_argument) if that size overflows std::size_t.
   static std::size_t workspace_bytes(std::size_t max_count, int ranks) {
-    return detail::sized("reduce_scatter_plan", max_count, ranks, [&] { return schedule_type::workspace_bytes(max_count, ranks); });
+    return detail::sized(name, max_count, ranks, [&] { return schedule_type::workspace_bytes(max_count, ranks); });
   }
 
   /// The values [begin, begin + count) that rank r of p receives for a buffer of n.
   static comm::chunk chunk_of(std::size_t n, int p, int r) { return schedule_type::chunk_of(n, p, r); }
 
-  /// Collective. Allocates workspace_bytes(max_count, transport.size()) bytes.
-  reduce_scatter_plan(X transport, std::size_t max_count, plan_options opts = {})
-      : base(std::move(transport), max_count, opts, "reduce_scatter_plan", workspace_bytes), sched_(this->x_) {}
-
-  /// Collective. Uses the caller's workspace of at least workspace_bytes(max_count,
-  /// transport.size()) bytes, which must outlive the plan; throws
-  /// cgx::error(errc::workspace) if it is smaller.
-  reduce_scatter_plan(X transport, std::size_t max_count, std::span<std::byte> workspace, plan_options opts = {})
-      : base(std::move(transport), max_count, workspace, opts, "reduce_scatter_plan", workspace_bytes),
-        sched_(this->x_) {}
+  /// Collective constructors: with an owned or the caller's workspace (see collective_plan).
+  using reduce_scatter_plan::collective_plan::collective_plan;
 
   /// Sums buf[0..n) over all ranks and leaves this rank's chunk of the sum in
   /// buf[chunk_of(n, size(), rank())]. Collective: every rank calls it with the same n.
@@ -71,9 +63,10 @@ class reduce_scatter_plan : public collective_plan<T, Q, X> {
   comm::chunk my_chunk(std::size_t n) const { return chunk_of(n, this->x_.size(), this->x_.rank()); }
 
  private:
+  using schedule_type = typename comm::scatter_reduce_allgather::template schedule<T, Q, X>;
   static std::int64_t signature() { return detail::plan_signature<T, Q>("reduce_scatter").value(); }
 
-  schedule_type sched_;
+  schedule_type sched_{this->x_};
 };
 
 }  // namespace cgx
