@@ -20,6 +20,8 @@
 ///   read   sum of the input buffer (4 vector accumulators): compress and decompress
 ///   add    y[i] += x[i] over as many values as the op writes: decompress_add
 ///   write  y[i] = c (reported beside decompress, not used for its ratio)
+///   three  decompress_add, compress and decompress called one after the other:
+///          add_requantize (the same three in one pass, maxmin.hpp)
 ///
 /// --check exits with status 1 when, for float, bucket 1024 (or the chosen bucket), one
 /// thread, the 4-bit figures miss: compress/nearest >= 0.8 x read, compress/stochastic
@@ -232,6 +234,21 @@ void bench_bits(const options& o, T* x, T* y, std::byte* comp, std::size_t n) {
         [&] { par(th, n, [&](std::size_t b, std::size_t e) { add_stream(y + b, x + b, e - b); }); });
     mk("decompress_add", "-", to, tb, 0, -1);
   }
+  // add_requantize: the owner's fused last step (y += decoded, compress y, decode it back
+  // into y), against the same three calls made one after the other
+  {
+    using QS = maxmin<Bits, B, stochastic>;
+    std::vector<std::byte> out(QS::template compressed_bytes<T>(n));
+    QS::template compress<T>(x, n, comp, rng, ex);
+    auto [to, tb] = best_pair(
+        o.reps, [&] { QS::template add_requantize<T>(comp, y, n, out.data(), rng, ex); },
+        [&] {
+          QS::template decompress_add<T>(comp, n, y, ex);
+          QS::template compress<T>(y, n, out.data(), rng, ex);
+          QS::template decompress<T>(out.data(), n, y, ex);
+        });
+    mk("add_requantize", "stochastic", to, tb, 0, -1);
+  }
 }
 
 template <std::size_t B, class T>
@@ -392,7 +409,7 @@ int main(int argc, char** argv) {
               o.mib, o.bucket, o.threads, o.reps);
   std::printf("# host kernels: %s (this CPU's best: %s)\n", cgx::quant::to_string(cgx::quant::active_host_isa()),
               cgx::quant::to_string(cgx::quant::detected_host_isa()));
-  std::printf("# baseline: read-sum (compress, decompress), y+=x (decompress_add); ratio = op / baseline\n");
+  std::printf("# baseline: read-sum (compress, decompress), y+=x (decompress_add), the three separate calls (add_requantize); ratio = op / baseline\n");
   print_header();
   switch (o.bucket) {
 #if !defined(CGX_BENCH_ONLY_1024)  // CMake option CGX_BENCH_QUICK: bucket 1024 alone, a third of the build

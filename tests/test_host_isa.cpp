@@ -2,7 +2,8 @@
 // this CPU can run writes the same bytes as the scalar reference, for every width,
 // rounding, a few bucket shapes, float and double, and buckets of every kind (normal,
 // constant, subnormal range, huge range, near the limits, NaN/Inf), and decodes to the
-// same bits; the choice logic picks the right path for other CPUs' features.
+// same bits, also through maxmin's fused add_requantize; the choice logic picks the
+// right path for other CPUs' features.
 #include <doctest/doctest.h>
 
 #include <cgx/quant/maxmin.hpp>
@@ -91,6 +92,13 @@ void paths_agree(std::size_t n, unsigned seed) {
   std::vector<T> want_dec(n), want_add = acc0;
   Q::template decompress<T>(want.data(), n, want_dec.data());
   Q::template decompress_add<T>(want.data(), n, want_add.data());
+  // The owner's fused step (add_requantize): x += decoded want, compressed with rng,
+  // decoded back; the separate calls on the scalar path give the expected bytes.
+  std::vector<T> want_sum = x;
+  Q::template decompress_add<T>(want.data(), n, want_sum.data());
+  std::vector<std::byte> want_sum_bytes(bytes);
+  Q::template compress<T>(want_sum.data(), n, want_sum_bytes.data(), rng);
+  Q::template decompress<T>(want_sum_bytes.data(), n, want_sum.data());
 
   for (host_isa i : runnable()) {
     CAPTURE(cgx::quant::to_string(i));
@@ -104,6 +112,18 @@ void paths_agree(std::size_t n, unsigned seed) {
     Q::template decompress_add<T>(want.data(), n, add.data());
     CHECK(same_bits(dec, want_dec));
     CHECK(same_bits(add, want_add));
+    for (int threads : {1, 3}) {
+      CAPTURE(threads);
+      std::vector<std::byte> fused(bytes);
+      std::vector<T> own = x;  // no addend: compress and decode back in one pass
+      Q::template add_requantize<T>(nullptr, own.data(), n, fused.data(), rng, cgx::quant::host_exec{threads});
+      CHECK(std::memcmp(fused.data(), want.data(), bytes) == 0);
+      CHECK(same_bits(own, want_dec));
+      own = x;
+      Q::template add_requantize<T>(want.data(), own.data(), n, fused.data(), rng, cgx::quant::host_exec{threads});
+      CHECK(std::memcmp(fused.data(), want_sum_bytes.data(), bytes) == 0);
+      CHECK(same_bits(own, want_sum));
+    }
   }
 }
 

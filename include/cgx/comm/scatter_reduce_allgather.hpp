@@ -39,6 +39,7 @@
 #include "chunking.hpp"
 #include "schedule_base.hpp"
 #include "../quant/host_exec.hpp"
+#include "../quant/requantize.hpp"
 #include "../quant/rounding.hpp"
 #include "../detail/tags.hpp"
 #include "../schedule/sra.hpp"
@@ -142,9 +143,8 @@ struct scatter_reduce_allgather {
       for (int k = 0; k < d.K; ++k) {
         const piece_t m = d.piece(me, k);
         if (m.values.count != 0) {
-          add_parts(d, me, m, buf, ws, ex, [&](int r) { wait(at(0, k, r)); });
           std::byte* sum = ws + d.send_slot(me) + m.offset;
-          compress_sum(d, me, m, buf, sum, rng, ex);
+          reduce_piece(d, me, m, buf, ws, sum, rng, ex, [&](int r) { wait(at(0, k, r)); });
           for (int step = 1; step < p; ++step) sends_.push_back(x.isend(sum, m.bytes, d.to(me, step), tag_gather));
         }
         if (k > 0) gather(k - 1);
@@ -175,8 +175,8 @@ struct scatter_reduce_allgather {
           reqs_.push_back(x.isend(ws + d.send_slot(r), c.bytes, r, tag_scatter));
         }
         if (mine.values.count != 0) {
-          add_parts(d, me, mine, buf, ws, ex, [&](int r) { x.wait_all(std::span(reqs_.data() + (r - (r > me ? 1 : 0)), 1)); });
-          compress_sum(d, me, mine, buf, ws + d.send_slot(me), rng, ex);
+          reduce_piece(d, me, mine, buf, ws, ws + d.send_slot(me), rng, ex,
+                       [&](int r) { x.wait_all(std::span(reqs_.data() + (r - (r > me ? 1 : 0)), 1)); });
         }
         x.wait_all(std::span(reqs_.data() + nrecv, reqs_.size() - nrecv));
         reqs_.clear();
@@ -229,22 +229,25 @@ struct scatter_reduce_allgather {
 
     static constexpr std::size_t max_pieces = description::max_pieces;
 
-    /// The owner me adds the other ranks' decoded parts of piece m to its own, in the
-    /// description's order, each as soon as it has arrived (wait(r) waits for rank r's).
+    /// The owner me sums piece m: it adds the other ranks' decoded parts to its own in
+    /// the description's order, each as soon as it has arrived (wait(r) waits for rank
+    /// r's), the last one fused with quantizing the sum once, into `out`, and decoding it
+    /// back into buf: the owner keeps the decoded bytes, like everyone else.
     template <class Wait>
-    static void add_parts(const description& d, int me, const piece_t& m, T* buf, std::byte* ws, quant::host_exec ex, Wait&& wait) {
+    static void reduce_piece(const description& d, int me, const piece_t& m, T* buf, std::byte* ws, std::byte* out,
+                             const quant::rng_state& rng, quant::host_exec ex, Wait&& wait) {
+      const std::byte* last = nullptr;
       for (int i = 0; i + 1 < d.p; ++i) {
         const int r = description::addend(me, i);
         wait(r);
-        Q::template decompress_add<T>(ws + d.recv_slot(r) + m.offset, m.values.count, buf + m.values.begin, ex);
+        const std::byte* part = ws + d.recv_slot(r) + m.offset;
+        if (i + 2 < d.p)
+          Q::template decompress_add<T>(part, m.values.count, buf + m.values.begin, ex);
+        else
+          last = part;
       }
-    }
-
-    /// The sum is quantized once, into `out`; the owner keeps the decoded bytes, like everyone else.
-    static void compress_sum(const description& d, int me, const piece_t& m, T* buf, std::byte* out, const quant::rng_state& rng,
-                             quant::host_exec ex) {
-      Q::template compress<T>(buf + m.values.begin, m.values.count, out, ::cgx::schedule::keyed(rng, d.sum_key(me, m.values)), ex);
-      if constexpr (!Q::lossless) Q::template decompress<T>(out, m.values.count, buf + m.values.begin, ex);
+      quant::add_requantize<Q, T>(last, buf + m.values.begin, m.values.count, out,
+                                  ::cgx::schedule::keyed(rng, d.sum_key(me, m.values)), ex);
     }
 
     std::vector<typename X::request> reqs_, sends_;

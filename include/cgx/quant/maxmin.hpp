@@ -75,6 +75,26 @@ struct maxmin {
     decode<T, true>(in, n, out, ex);
   }
 
+  /// buf[0..n) += decoded `addend` (when not null), then compress(buf) into
+  /// out[0..compressed_bytes<T>(n)), then buf = decompress(out): the bytes and values of
+  /// those three calls, in one pass. It works through buf in blocks of whole buckets of
+  /// about 16 KiB, each block added, compressed and decoded while it is in the L1
+  /// cache, so buf comes from memory once. The owner's last step of a reduction
+  /// (quant::add_requantize). addend and out must not overlap buf.
+  template <class T>
+  static void add_requantize(const std::byte* addend, T* buf, std::size_t n, std::byte* out, const rng_state& rng = {},
+                             host_exec ex = {}) {
+    constexpr std::size_t block = BucketSize * sizeof(T) >= 16384 ? 1 : 16384 / (BucketSize * sizeof(T));
+    for_buckets<T>(n, ex, [&](host_isa isa, std::size_t b0, std::size_t b1) {
+      for (std::size_t b = b0; b < b1; b += block) {
+        const std::size_t e = b1 - b < block ? b1 : b + block;
+        if (addend != nullptr) simd::decode_buckets<Bits, true, T>(isa, addend, n, BucketSize, buf, b, e);
+        simd::compress_buckets<Bits, Rounding, T>(isa, buf, n, BucketSize, out, rng, b, e);
+        simd::decode_buckets<Bits, false, T>(isa, out, n, BucketSize, buf, b, e);
+      }
+    });
+  }
+
  private:
   template <class T, bool Add>
   static void decode(const std::byte* in, std::size_t n, T* out, host_exec ex) {
