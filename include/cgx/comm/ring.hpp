@@ -37,6 +37,7 @@
 #include "../concepts.hpp"
 #include "../detail/checked.hpp"
 #include "../quant/host_exec.hpp"
+#include "../quant/requantize.hpp"
 #include "../quant/rounding.hpp"
 #include "chunking.hpp"
 #include "schedule_base.hpp"
@@ -98,17 +99,17 @@ struct ring {
           q[nq++] = x.isend(sbuf, bytes(out.count), d.right(me), tag_reduce);
         }
         x.wait_all(std::span(q, static_cast<std::size_t>(nq)));
-        if (in.count != 0) Q::template decompress_add<T>(rbuf, in.count, buf + in.begin, ex);
+        // The last step's chunk is the one this rank owns: step 2 adds it.
+        if (in.count != 0 && s + 2 < p) Q::template decompress_add<T>(rbuf, in.count, buf + in.begin, ex);
       }
 
-      // 2. The owner quantizes the finished sum once and keeps the decoded bytes.
+      // 2. The owner adds the last part, quantizes the finished sum once and keeps the
+      //    decoded bytes (quant::add_requantize).
       const int own = d.owned(me);
       const chunk mine = d.chunk_of(own);
-      if (mine.count != 0) {
-        std::byte* const sum = ws + d.gather_slot(own);
-        Q::template compress<T>(buf + mine.begin, mine.count, sum, ::cgx::schedule::keyed(rng, d.sum_key(me, mine)), ex);
-        if constexpr (!Q::lossless) Q::template decompress<T>(sum, mine.count, buf + mine.begin, ex);
-      }
+      if (mine.count != 0)
+        quant::add_requantize<Q, T>(rbuf, buf + mine.begin, mine.count, ws + d.gather_slot(own),
+                                    ::cgx::schedule::keyed(rng, d.sum_key(me, mine)), ex);
 
       // 3. Gather: forward the compressed chunks unchanged.
       for (int s = 0; s + 1 < p; ++s) {

@@ -40,6 +40,7 @@
 #include "../concepts.hpp"
 #include "../detail/checked.hpp"
 #include "../quant/host_exec.hpp"
+#include "../quant/requantize.hpp"
 #include "../quant/rounding.hpp"
 #include "chunking.hpp"
 #include "schedule_base.hpp"
@@ -133,10 +134,9 @@ struct tree {
 
         // 2. The owner of chunk v quantizes the finished sum once.
         const chunk mine = d.chunk_of(v);
-        if (mine.count != 0) {
-          compress(mine, cslot(v), d.levels() + 1);
-          if constexpr (!Q::lossless) Q::template decompress<T>(cslot(v), mine.count, buf + mine.begin, ex);
-        }
+        if (mine.count != 0)
+          quant::add_requantize<Q, T>(nullptr, buf + mine.begin, mine.count, cslot(v),
+                                      ::cgx::schedule::keyed(rng, d.key_of(me, d.levels() + 1, mine)), ex);
 
         // 3. Recursive doubling: exchange every compressed chunk held (the aligned block
         //    of d chunks around v) for the partner's block.
