@@ -13,6 +13,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <span>
 #include <string>
 #include <thread>
@@ -105,9 +106,8 @@ class mpi {
     MPI_Request r[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     std::size_t bytes[3] = {0, 0, 0};          ///< bytes of each (receives are checked)
     std::size_t payload = 0;                   ///< the payload's bytes
-    detail::wire_header* header = nullptr;     ///< the header sent, or the one received
+    detail::wire_header* header = nullptr;     ///< the header sent or received, at the start of its staging buffer
     void* data = nullptr;                      ///< the payload, in the caller's memory
-    std::byte* first = nullptr;                ///< a receive's staging buffer: its header, then an inline payload
     int peer = -1;                             ///< the other rank
     bool send = false;                         ///< a send (else a receive)
   };
@@ -343,18 +343,14 @@ class mpi {
         MPI_Get_elements_x(&st, MPI_BYTE, &got);
         if (got != static_cast<MPI_Count>(q.bytes[part])) {
           std::string why;
-          if (part == 0 && q.first != nullptr && got >= static_cast<MPI_Count>(sizeof(detail::wire_header))) {
-            // A first message of another length: its header says how it differs.
-            std::memcpy(q.header, q.first, sizeof(detail::wire_header));
-            why = detail::header_mismatch(*q.header, stamp_.expected(q.payload), q.peer);
-          }
+          if (part == 0 && got >= static_cast<MPI_Count>(sizeof(detail::wire_header)))
+            why = detail::header_mismatch(*q.header, stamp_.expected(q.payload), q.peer);  // a first message of another length
           if (why.empty())
             why = "a message from rank " + std::to_string(q.peer) + " holds " + std::to_string(got) + " bytes where this rank "
                   "expects " + std::to_string(q.bytes[part]) + " (the ranks disagree on the count or the plan)";
           fail_wait(reqs, errc::mismatch, MPI_SUCCESS, why);
         }
         if (part == 0) {
-          if (q.first != nullptr) std::memcpy(q.header, q.first, sizeof(detail::wire_header));
           const std::string why = detail::header_mismatch(*q.header, stamp_.expected(q.payload), q.peer);
           if (!why.empty()) fail_wait(reqs, errc::mismatch, MPI_SUCCESS, why);
         }
@@ -362,7 +358,7 @@ class mpi {
         // then an inline payload moves to the caller's memory.
         if (q.r[0] == MPI_REQUEST_NULL && q.r[1] == MPI_REQUEST_NULL && q.r[2] == MPI_REQUEST_NULL) {
           const bool inl = q.payload <= inline_bytes;  // the sender's choice too: it depends on the length only
-          void* const payload = inl ? static_cast<void*>(q.first + sizeof(detail::wire_header)) : q.data;
+          void* const payload = inl ? static_cast<void*>(q.header + 1) : q.data;
           if (stamp_.verify) {
             const std::string why = detail::payload_corrupt(*q.header, payload, q.payload, q.peer);
             if (!why.empty()) fail_wait(reqs, errc::corrupt, MPI_SUCCESS, why);
@@ -493,18 +489,15 @@ class mpi {
     std::string what;
     std::vector<MPI_Request> live;  // scratch of wait_all
     std::vector<int> which;
-    std::deque<detail::wire_header> headers;  // of the requests in flight (stable addresses)
-    std::deque<std::vector<std::byte>> staging;  // inline messages' buffers (reused once nothing is in flight)
+    std::deque<std::vector<std::byte>> staging;  // every message's header (and inline payload); reused once nothing is in flight
     std::size_t staging_used = 0;                // of them, in use by the requests in flight
     std::vector<std::int64_t> collective;     // max_all's buffer
     std::size_t outstanding = 0;              // MPI requests posted and not yet completed
   };
 
-  /// Drops the headers, and frees the staging buffers for reuse, once no request is in
-  /// flight.
+  /// Frees the staging buffers (and so the headers) for reuse, once no request is in flight.
   void settle() noexcept {
     if (fault_->outstanding != 0) return;
-    fault_->headers.clear();
     fault_->staging_used = 0;
   }
 
@@ -625,39 +618,31 @@ class mpi {
         detail::check_mpi(MPI_Irecv(p, count, t, peer, tag, comm_, r), "MPI_Irecv");
       ++fault_->outstanding;
     };
-    q.header = &fault_->headers.emplace_back();
     q.data = buf;
     q.payload = bytes;
-    q.first = nullptr;
-    if (send) *q.header = stamp_.outgoing(buf, bytes);
+    // Every message's header sits at the start of a staging buffer from the pool. A
+    // payload of at most inline_bytes follows it in the same message. A receive's buffer
+    // holds any inline message, whatever the length expected: so a sender whose message
+    // is longer than expected is reported from its header, never as MPI's truncation
+    // error (which MPICH raises on MPI_COMM_WORLD's handler from MPI_Waitany, aborting
+    // the job). A larger payload travels after its header message (same peer and tag:
+    // MPI keeps the order), from and into the caller's memory.
     const bool inl = bytes <= inline_bytes;
-    if (inl || !send) {
-      // A staging buffer: header and payload in one message (inline), and for every
-      // receive the first message, whatever its length up to the largest inline message.
-      // So a sender whose message is longer than expected is reported from its header,
-      // never as MPI's truncation error (which MPICH raises on MPI_COMM_WORLD's handler
-      // from MPI_Waitany, aborting the job).
-      auto& pool = fault_->staging;
-      if (fault_->staging_used == pool.size()) pool.emplace_back();
-      std::vector<std::byte>& st = pool[fault_->staging_used++];
-      const std::size_t len = sizeof(detail::wire_header) + (inl ? bytes : 0);  // the message expected
-      const std::size_t cap = send ? len : sizeof(detail::wire_header) + inline_bytes;
-      if (st.size() < cap) st.resize(cap);
-      if (send) {
-        std::memcpy(st.data(), q.header, sizeof(detail::wire_header));
-        if (bytes != 0) std::memcpy(st.data() + sizeof(detail::wire_header), buf, bytes);
-      } else {
-        q.first = st.data();
-      }
-      q.bytes[0] = len;
-      start(st.data(), static_cast<int>(cap), MPI_BYTE, &q.r[0]);
-      if (inl) return;
-    } else {
-      // The header first, as its own small message (same peer and tag: MPI keeps the
-      // order), so that the payload travels from and into the caller's memory.
-      q.bytes[0] = sizeof(detail::wire_header);
-      start(q.header, static_cast<int>(sizeof(detail::wire_header)), MPI_BYTE, &q.r[0]);
+    auto& pool = fault_->staging;
+    if (fault_->staging_used == pool.size()) pool.emplace_back();
+    std::vector<std::byte>& st = pool[fault_->staging_used++];
+    const std::size_t len = sizeof(detail::wire_header) + (inl ? bytes : 0);  // the message expected
+    const std::size_t cap = send ? len : sizeof(detail::wire_header) + inline_bytes;
+    if (st.size() < cap) st.resize(cap);
+    static_assert(alignof(detail::wire_header) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__);  // the vector's buffer is aligned for it
+    q.header = ::new (static_cast<void*>(st.data())) detail::wire_header{};
+    if (send) {
+      *q.header = stamp_.outgoing(buf, bytes);
+      if (inl && bytes != 0) std::memcpy(q.header + 1, buf, bytes);
     }
+    q.bytes[0] = len;
+    start(st.data(), static_cast<int>(cap), MPI_BYTE, &q.r[0]);
+    if (inl) return;
     if (bytes <= static_cast<std::size_t>(INT_MAX)) {
       q.bytes[1] = bytes;
       start(buf, static_cast<int>(bytes), MPI_BYTE, &q.r[1]);
