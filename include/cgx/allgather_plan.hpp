@@ -76,6 +76,7 @@ class allgather_plan : public collective_plan<allgather_plan<T, Q, X>, T, Q, X> 
     this->x_.wait_all(std::span(reqs_));
     reqs_.clear();
     for (int r = 0; r < p; ++r) Q::template decompress<T>(wslot(r), count, out + static_cast<std::size_t>(r) * count, ex);
+    claimed.finish();
   }
 
  private:

@@ -93,6 +93,7 @@ class allreduce_plan : public plan_core<X> {
       throw error(errc::invalid_argument, "allreduce_plan: a started reduction is still in flight; call wait() first");
     this->begin_call(claimed, buf == nullptr, n, sig_);
     reduce(buf, n);
+    claimed.finish();
   }
 
   /// Starts summing buf[0..n) over all ranks, in place, and returns at once; the
@@ -116,6 +117,8 @@ class allreduce_plan : public plan_core<X> {
       X& xw = this->x_;  // (nvcc's front end rejects this-> inside the requires below)
       try {
         reduce(buf, n);
+        // A peer's failure report for this call (see detail::call_guard::finish).
+        if constexpr (requires { xw.throw_if_failed(); }) xw.throw_if_failed();
       } catch (...) {
         failure_ = std::current_exception();
         // Tell the peers, as a blocking call's guard would (see detail::call_guard).

@@ -83,6 +83,7 @@ class broadcast_plan : public collective_plan<broadcast_plan<T, Q, X>, T, Q, X> 
     this->x_.wait_all(std::span(reqs_));
     reqs_.clear();
     Q::template decompress<T>(w, n, buf, ex);
+    claimed.finish();
   }
 
  private:

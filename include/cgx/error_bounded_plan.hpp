@@ -158,6 +158,7 @@ class error_bounded_plan : public plan_core<X> {
     const comm::error_bounded_traffic t = sched_.run(buf, n, this->x_, this->ws_.data(), stats_.step_bound);
     stats_.bytes_sent = t.sent;
     stats_.raw_bytes = t.raw;
+    claimed.finish();
   }
 
   /// What the last call sent, on this rank.

@@ -58,7 +58,7 @@ struct layerwise_options {
   checking check = checking::automatic;  ///< argument checking level (as allreduce_plan's)
   std::uint64_t seed = 0x63677821u;      ///< seed of stochastic rounding
   int threads = 1;                       ///< host threads for (de)compression, per rank
-  std::uint32_t timeout_ms = 0;          ///< wait limit in ms, 0: none (as plan_options::timeout_ms)
+  std::uint32_t timeout_ms = default_timeout_ms();  ///< wait limit in ms, 0: none (as plan_options::timeout_ms: 10 minutes or CGX_TIMEOUT_MS)
   bool verify = false;                   ///< checksum every message (as plan_options::verify)
 };
 
@@ -309,6 +309,7 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
     this->check(buf, n);
     claimed.begin(this->x_, this->sig_, n);
     run(buf, this->next_rng());
+    claimed.finish();
   }
 
   /// Forgets the error-feedback residuals (no-op without error feedback).

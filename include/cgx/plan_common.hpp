@@ -8,10 +8,12 @@
 
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <limits>
 #include <memory>
@@ -79,6 +81,29 @@ inline constexpr std::size_t default_native_below_bytes = std::size_t{64} << 10;
 /// had every width winning from 8 MiB: the crossover moves with the machine.
 inline constexpr std::size_t default_native_below_bytes_one_node = std::size_t{16} << 20;
 
+/// The wait limit a plan gets when its options do not set one: 10 minutes (600,000 ms),
+/// long past any call a real job makes (a 1 GiB allreduce over 1 Gbit/s takes seconds),
+/// short enough that a stalled or lost peer ends as errc::timeout on every rank instead
+/// of a job that waits until someone kills it. The environment variable CGX_TIMEOUT_MS
+/// (milliseconds; 0: no limit) replaces it for a job; a value that is not a number of
+/// milliseconds below 2^32 throws cgx::error(errc::invalid_argument) where options are made.
+inline constexpr std::uint32_t default_timeout_ms_value = 600000;
+
+/// The default wait limit in force: CGX_TIMEOUT_MS when set (read each time options are made), else
+/// default_timeout_ms_value. What plan_options::timeout_ms and layerwise_options::timeout_ms
+/// start as.
+inline std::uint32_t default_timeout_ms() {
+  const char* env = std::getenv("CGX_TIMEOUT_MS");
+  if (env == nullptr || *env == 0) return default_timeout_ms_value;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(env, &end, 10);
+  if (*env == '-' || *end != 0 || errno != 0 || v > 0xffffffffull)
+    throw error(errc::invalid_argument, std::string("CGX_TIMEOUT_MS='") + env +
+                                            "' is not a wait limit in milliseconds (0 to 4294967295; 0: no limit)");
+  return static_cast<std::uint32_t>(v);
+}
+
 /// Run-time options of a plan.
 struct plan_options {
   checking check = checking::automatic;  ///< argument checking level
@@ -98,12 +123,14 @@ struct plan_options {
   /// docs/threshold.md. Note that a network emulated on one host (all ranks on one
   /// machine, talking TCP) looks like one node: set the threshold explicitly there.
   std::size_t native_below_bytes = auto_threshold;
-  /// The longest a call may wait for its peers, in milliseconds; 0 (the default): no
-  /// limit, like MPI. Past it the waiting rank throws cgx::error(errc::timeout) naming
-  /// the ranks it waited for, tells its peers (who throw errc::timeout too), and the plan
-  /// is unusable from then on. Set it above the longest call you expect (a 1 GiB
-  /// allreduce over 1 Gbit/s takes seconds), e.g. 60000. Transports: comm::mpi, comm::shm.
-  std::uint32_t timeout_ms = 0;
+  /// The longest one wait of a call may last for its peers, in milliseconds. Past it the
+  /// waiting rank throws cgx::error(errc::timeout) naming the ranks it waited for, tells
+  /// its peers (who throw errc::timeout too, naming it and the rank it waited for), and
+  /// the plan is unusable from then on. The default, default_timeout_ms(), is 10 minutes
+  /// (or CGX_TIMEOUT_MS from the environment): a stalled, deadlocked or lost peer becomes
+  /// an error instead of a hang. 0: no limit, as in MPI. Transports: comm::mpi, comm::shm
+  /// (and hierarchical over them).
+  std::uint32_t timeout_ms = default_timeout_ms();
   /// Checksum every message (CRC-32C in its header, checked by the receiver): a message
   /// corrupted on the way throws cgx::error(errc::corrupt) on every rank instead of
   /// decoding into wrong values. Every rank must set the same value (else
@@ -295,6 +322,19 @@ class call_guard {
         }
       };
     }
+    if constexpr (requires { x.throw_if_failed(); }) {
+      transport_ = &x;
+      finish_ = [](void* t) { static_cast<X*>(t)->throw_if_failed(); };
+    }
+  }
+
+  /// Ends a call whose work is done: throws if a peer's failure report for it has
+  /// arrived (the transport's throw_if_failed), so that a rank whose own part of a
+  /// failed call completed (its data arrived before a peer gave up, or while it was
+  /// stopped) throws too instead of returning as if the call had succeeded. One look at
+  /// the failure channel (comm::mpi: an MPI_Test; comm::shm: a word of the segment).
+  void finish() const {
+    if (finish_ != nullptr) finish_(transport_);
   }
   call_guard(const call_guard&) = delete;
   call_guard& operator=(const call_guard&) = delete;
@@ -312,6 +352,7 @@ class call_guard {
   int uncaught_;
   mutable void* transport_ = nullptr;
   mutable void (*abort_)(void*, const char*) noexcept = nullptr;
+  mutable void (*finish_)(void*) = nullptr;
 };
 
 /// An empty vector with room for n elements (a plan's request list, sized once).

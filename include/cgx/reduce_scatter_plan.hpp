@@ -57,6 +57,7 @@ class reduce_scatter_plan : public collective_plan<reduce_scatter_plan<T, Q, X>,
     const auto claimed = this->claim();
     this->begin_call(claimed, buf == nullptr, n, signature());
     sched_.scatter_reduce(buf, n, this->x_, this->ws_.data(), this->next_rng(), quant::host_exec{this->opts_.threads});
+    claimed.finish();
   }
 
   /// This rank's chunk for a buffer of n values.

@@ -176,10 +176,29 @@ struct hierarchical {
     }
 
     /// In place sum over all ranks of buf[0..n). Collective.
+    ///
+    /// Failures: a rank waits on the node or the inter-node transport, and hears of a
+    /// failure only on the one it waits on. So a rank whose call fails, or that hears of a
+    /// failure, tells the peers of all three (node, inter-node, the plan's): then every
+    /// rank that waits for it hears it, and, rank by rank, every rank that waits for those.
     void run(T* buf, std::size_t n, X& x, std::byte* ws, const quant::rng_state& rng, quant::host_exec ex) {
       if (n == 0) return;
       inherit(*intra_x_, x);
       inherit(*inter_x_, x);
+      try {
+        steps(buf, n, ws, rng, ex);
+      } catch (const cgx::error& e) {
+        if constexpr (requires { x.abort(e.code(), std::string()); }) {
+          intra_x_->abort(e.code(), e.what());
+          inter_x_->abort(e.code(), e.what());
+          x.abort(e.code(), e.what());
+        }
+        throw;
+      }
+    }
+
+   private:
+    void steps(T* buf, std::size_t n, std::byte* ws, const quant::rng_state& rng, quant::host_exec ex) {
       const description d = describe(n);
       const int L = d.L;
       const int l = intra_x_->rank();
@@ -244,7 +263,6 @@ struct hierarchical {
       }
     }
 
-   private:
     static constexpr int tag_share = cgx::detail::tag_value(cgx::detail::tag::hier_share);
     static constexpr int tag_cross = cgx::detail::tag_value(cgx::detail::tag::hier_cross);  // to the owner
     static constexpr int tag_back = cgx::detail::tag_value(cgx::detail::tag::hier_back);   // the sum, from the owner

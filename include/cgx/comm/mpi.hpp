@@ -53,6 +53,29 @@ inline std::string waited_for(std::chrono::milliseconds limit, std::vector<int> 
   }
   return s;
 }
+/// What a peer's report of `code` becomes on the rank that hears it: timeouts and corrupt
+/// messages keep their code (every rank then says what went wrong), anything else is
+/// errc::peer_failed.
+inline errc reported_code(errc code) noexcept {
+  return code == errc::timeout || code == errc::corrupt ? code : errc::peer_failed;
+}
+
+/// "rank 2 timed out (its wait limit passed) waiting for rank 3": how a rank that hears a
+/// failure report names it. `origin` is the rank that failed first (a report is relayed
+/// unchanged), `waited_for` the lowest rank it waited for when its limit passed (-1: none
+/// named).
+inline std::string reported_failure(int origin, errc code, int waited_for) {
+  std::string s = "rank " + std::to_string(origin) + " ";
+  if (code == errc::timeout) {
+    s += "timed out (its wait limit passed)";
+    if (waited_for >= 0) s += " waiting for rank " + std::to_string(waited_for);
+  } else if (code == errc::corrupt) {
+    s += "received a corrupt message (plan_options::verify)";
+  } else {
+    s += "failed (it threw)";
+  }
+  return s;
+}
 }  // namespace detail
 
 /// How long a transport's waits may last before it gives up (plan_options::timeout_ms).
@@ -141,7 +164,7 @@ class mpi {
     fault_ = std::make_unique<fault_channel>();
     detail::check_mpi(MPI_Comm_dup(comm_, &fault_->comm), "MPI_Comm_dup");
     MPI_Comm_set_errhandler(fault_->comm, MPI_ERRORS_RETURN);
-    detail::check_mpi(MPI_Irecv(fault_->in, 2, MPI_INT, MPI_ANY_SOURCE, 0, fault_->comm, &fault_->listen), "MPI_Irecv");
+    detail::check_mpi(MPI_Irecv(fault_->in, 3, MPI_INT, MPI_ANY_SOURCE, 0, fault_->comm, &fault_->listen), "MPI_Irecv");
   }
   mpi(const mpi&) = delete;
   mpi& operator=(const mpi&) = delete;
@@ -375,22 +398,16 @@ class mpi {
   /// next wait), and fails
   /// this transport. Called by a plan when a call throws after its messages began;
   /// idempotent; never throws.
-  void abort(errc code, const std::string& why) noexcept {
+  /// `waited_for`: for a timeout, the rank this one waited for (named in the peers'
+  /// errors), else -1.
+  void abort(errc code, const std::string& why, int waited_for = -1) noexcept {
     if (!fault_ || fault_->told) return;
-    fault_->told = true;
     if (!fault_->failed) {
       fault_->failed = true;
       fault_->code = code;
       fault_->what = why;
     }
-    fault_->out[0] = rank_;
-    fault_->out[1] = static_cast<int>(code);
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      MPI_Request q = MPI_REQUEST_NULL;
-      // Two ints: MPI sends them eagerly; the buffer lives as long as the transport.
-      if (MPI_Isend(fault_->out, 2, MPI_INT, r, 0, fault_->comm, &q) == MPI_SUCCESS) fault_->sent.push_back(q);
-    }
+    tell(rank_, code, waited_for);
   }
 
   /// True once a wait failed, a peer reported a failure, or abort() was called.
@@ -411,10 +428,12 @@ class mpi {
         fault_->listen = MPI_REQUEST_NULL;
         const auto code = static_cast<errc>(fault_->in[1]);
         fault_->failed = true;
-        fault_->told = true;  // the reporting rank told everyone
-        fault_->code = reported_code(code);
-        fault_->what = "cgx::comm::mpi (rank " + std::to_string(rank_) + "): rank " + std::to_string(fault_->in[0]) +
-                       " " + reported_what(code) + " inside a collective call";
+        fault_->code = detail::reported_code(code);
+        fault_->what = "cgx::comm::mpi (rank " + std::to_string(rank_) + "): " +
+                       detail::reported_failure(fault_->in[0], code, fault_->in[2]) + " inside a collective call";
+        // Passed on, as a waiting rank passes it on: a peer that waits for this rank
+        // alone hears of the failure only from here.
+        tell(fault_->in[0], code, fault_->in[2]);
       }
     }
     if (fault_->failed)
@@ -479,8 +498,8 @@ class mpi {
   struct fault_channel {
     MPI_Comm comm = MPI_COMM_NULL;
     MPI_Request listen = MPI_REQUEST_NULL;  // always posted: a peer's report
-    int in[2] = {0, 0};                     // the report: failed rank, errc
-    int out[2] = {0, 0};                    // this rank's report
+    int in[3] = {0, 0, -1};                 // the report: failed rank, errc, rank it waited for
+    int out[3] = {0, 0, -1};                // this rank's report (or a peer's, passed on)
     std::vector<MPI_Request> sent;          // this rank's reports in flight
     bool failed = false;                    // every later wait throws
     bool told = false;                      // this rank told its peers
@@ -503,7 +522,7 @@ class mpi {
 
   /// Records the failure, cancels the requests of `reqs` still pending, tells the peers
   /// and throws.
-  [[noreturn]] void fail_wait(std::span<request> reqs, errc code, int rc, const std::string& what) {
+  [[noreturn]] void fail_wait(std::span<request> reqs, errc code, int rc, const std::string& what, int waited_for = -1) {
     std::string msg = "cgx::comm::mpi (rank " + std::to_string(rank_) + "): " + what;
     if (rc != MPI_SUCCESS && code == errc::transport) {
       char text[MPI_MAX_ERROR_STRING];
@@ -512,35 +531,40 @@ class mpi {
       msg += " failed: " + std::string(text, static_cast<std::size_t>(len));
     }
     cancel(reqs);
-    abort(code, msg);
+    abort(code, msg, waited_for);
     throw cgx::error(code, msg);
-  }
-
-  /// What a peer's report of `code` becomes here: timeouts and corrupt messages keep
-  /// their code (every rank then says what went wrong), anything else is peer_failed.
-  static errc reported_code(errc code) noexcept {
-    return code == errc::timeout || code == errc::corrupt ? code : errc::peer_failed;
-  }
-  /// "timed out" / "received a corrupt message" / "failed".
-  static const char* reported_what(errc code) noexcept {
-    return code == errc::timeout   ? "timed out (its wait limit passed)"
-           : code == errc::corrupt ? "received a corrupt message (plan_options::verify)"
-                                   : "failed (it threw)";
   }
 
   /// A peer's report arrived: fail with its code, naming it.
   [[noreturn]] void peer_reported(std::span<request> reqs) {
-    const int who = fault_->in[0];
     const auto code = static_cast<errc>(fault_->in[1]);
-    const std::string msg = "cgx::comm::mpi (rank " + std::to_string(rank_) + "): rank " + std::to_string(who) + " " +
-                            reported_what(code) + " inside this collective call; this call stopped waiting";
+    const std::string msg = "cgx::comm::mpi (rank " + std::to_string(rank_) + "): " +
+                            detail::reported_failure(fault_->in[0], code, fault_->in[2]) +
+                            " inside this collective call; this call stopped waiting";
     fault_->failed = true;
-    fault_->code = reported_code(code);
+    fault_->code = detail::reported_code(code);
     fault_->what = msg;
     fault_->listen = MPI_REQUEST_NULL;  // completed by MPI_Waitany
     cancel(reqs);
-    abort(fault_->code, msg);  // peers that wait on this rank only hear it from here
+    tell(fault_->in[0], code, fault_->in[2]);  // peers that wait on this rank only hear it from here
     throw cgx::error(fault_->code, msg);
+  }
+
+  /// Sends the report (origin, code, waited_for) to every peer, once per transport: this
+  /// rank's own failure, or a peer's passed on unchanged (so every rank names the rank
+  /// that failed first, and the rank a timed-out one waited for). Never throws.
+  void tell(int origin, errc code, int waited_for) noexcept {
+    if (!fault_ || fault_->told) return;
+    fault_->told = true;
+    fault_->out[0] = origin;
+    fault_->out[1] = static_cast<int>(code);
+    fault_->out[2] = waited_for;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_ || r == origin) continue;
+      MPI_Request q = MPI_REQUEST_NULL;
+      // Three ints: MPI sends them eagerly; the buffer lives as long as the transport.
+      if (MPI_Isend(fault_->out, 3, MPI_INT, r, 0, fault_->comm, &q) == MPI_SUCCESS) fault_->sent.push_back(q);
+    }
   }
 
   /// The wait limit passed: fail, naming the ranks still waited for.
@@ -549,7 +573,8 @@ class mpi {
     for (const auto& q : reqs)
       if (q.r[0] != MPI_REQUEST_NULL || q.r[1] != MPI_REQUEST_NULL || q.r[2] != MPI_REQUEST_NULL)
         peers.push_back(q.peer);
-    fail_wait(reqs, errc::timeout, MPI_SUCCESS, detail::waited_for(limit_, std::move(peers)));
+    const int first = peers.empty() ? -1 : *std::min_element(peers.begin(), peers.end());
+    fail_wait(reqs, errc::timeout, MPI_SUCCESS, detail::waited_for(limit_, std::move(peers)), first);
   }
 
   /// Cancels what is pending in `reqs` and gives it up to a second to complete (a send

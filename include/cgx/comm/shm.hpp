@@ -41,14 +41,17 @@
 /// carries the payload's CRC-32C, checked once the payload is in (errc::corrupt on
 /// every rank, as for comm::mpi).
 ///
-/// Failures: as comm::mpi (whose failure channel it uses): a rank whose call fails tells
-/// its peers (`abort`); a waiting rank hears it within 100 ms and throws
-/// errc::peer_failed (errc::timeout for a peer's timeout); a wait limit
-/// (`set_wait_limit`, plan_options::timeout_ms) bounds every wait (errc::timeout naming
-/// the ranks waited for). A waiting rank listens only when it may call MPI: under
-/// MPI_THREAD_MULTIPLE, or on MPI's main thread under SINGLE or FUNNELED; under SERIALIZED
-/// (where another thread may be inside MPI) it hears peers only through its wait limit,
-/// and a failure of its own is still reported to them.
+/// Failures: a rank whose call fails (a received header or checksum that does not match,
+/// its wait limit, a throw of the plan) writes a report into the segment's failure word
+/// (`abort`): the first failing rank, its errc and, for a timeout, the rank it waited
+/// for. Every waiting rank reads that word as it spins, so it stops waiting at once and
+/// throws errc::peer_failed (errc::timeout or errc::corrupt for a peer's timeout or
+/// corrupt message, naming the ranks), whatever MPI's thread level: no MPI call is needed
+/// to hear a peer. (The report also goes over comm::mpi's failure channel, for peers that
+/// look there.) A received message that fails its check stops the transport at once: no
+/// byte moves after it, and the first failure is the one reported. A wait limit
+/// (`set_wait_limit`, plan_options::timeout_ms) bounds every wait (errc::timeout naming the
+/// ranks waited for).
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -164,7 +167,7 @@ class shm {
     if (ring_ > (std::size_t{1} << 62) / pairs)  // the same on every rank: they agree on ring_bytes
       throw cgx::error(errc::invalid_argument, "cgx::comm::shm: ring_bytes " + std::to_string(ring_) + " is too large");
     stride_ = sizeof(ring_header) + ring_;
-    bytes_ = pairs * stride_;
+    bytes_ = control_bytes + pairs * stride_;
 
     // Rank 0 creates the segment under a unique name; the others open it.
     char name[96] = {};
@@ -225,6 +228,11 @@ class shm {
       limit_ = o.limit_;
       stamp_ = o.stamp_;
       headers_ = std::move(o.headers_);
+      bad_ = std::move(o.bad_);
+      bad_code_ = o.bad_code_;
+      failed_ = o.failed_;
+      code_ = o.code_;
+      what_ = std::move(o.what_);
     }
     return *this;
   }
@@ -260,7 +268,7 @@ class shm {
   /// cgx::error(errc::transport) if a peer that this rank waits for has died (checked
   /// every 100 ms of waiting; see the file comment).
   void wait_all(std::span<request> reqs) {
-    if (base_comm_->failed()) base_comm_->throw_if_failed();
+    throw_if_stopped();
     auto done = [&] {
       for (const auto& r : reqs)
         if (r.id != 0 && !is_complete(r.id)) return false;
@@ -272,8 +280,9 @@ class shm {
     while (!done()) {
       if (progress()) {
         idle = 0;
-        if (!bad_.empty()) fail(bad_code_, std::exchange(bad_, std::string()));
+        throw_if_stopped();
       } else if (++idle > 64) {
+        throw_if_stopped();  // a peer's report in the segment: one load of a shared word
         std::this_thread::yield();  // ranks may outnumber cores
         const auto now = std::chrono::steady_clock::now();
         if (idle == 65) {
@@ -286,7 +295,7 @@ class shm {
         if (limit_.count() > 0 && now - t0 > limit_) timed_out(reqs);
       }
     }
-    if (!bad_.empty()) fail(bad_code_, std::exchange(bad_, std::string()));
+    throw_if_stopped();
     for (auto& r : reqs) {
       forget(r.id);
       r.id = 0;
@@ -312,15 +321,30 @@ class shm {
   /// The bound on waits; zero when there is none.
   [[nodiscard]] wait_limit wait_limit_value() const noexcept { return limit_; }
 
-  /// Tells every peer that this rank's call failed (see comm::mpi::abort); never throws.
-  void abort(errc code, const std::string& why) noexcept { base_comm_->abort(code, why); }
+  /// Tells every peer that this rank's call failed (the segment's failure word, and
+  /// comm::mpi::abort); `waited_for`: for a timeout, the rank waited for, else -1. Never
+  /// throws.
+  void abort(errc code, const std::string& why, int waited_for = -1) noexcept {
+    if (!failed_) {
+      failed_ = true;
+      code_ = code;
+      what_ = why;
+    }
+    report(rank_, code, waited_for);
+    if (base_comm_) base_comm_->abort(code, why, waited_for);
+  }
   /// False: comm::shm's transfers copy through the segment and never outlive a wait.
   [[nodiscard]] static constexpr bool abandoned() noexcept { return false; }
   /// True once a wait failed, a peer's failure was heard, or abort() was called.
-  [[nodiscard]] bool failed() const noexcept { return base_comm_ && base_comm_->failed(); }
-  /// Throws an earlier failure, or a peer's report that has arrived (see comm::mpi; the
-  /// report is looked for only where this thread may call MPI, see the file comment).
-  void throw_if_failed() { base_comm_->throw_if_failed(may_call_mpi()); }
+  [[nodiscard]] bool failed() const noexcept { return failed_ || (base_comm_ && base_comm_->failed()); }
+  /// Throws an earlier failure, or a peer's report that has arrived: the segment's failure
+  /// word (always read), then comm::mpi's channel (only where this thread may call MPI,
+  /// see the file comment).
+  void throw_if_failed() {
+    heard();
+    if (failed_) throw cgx::error(code_, what_ + "; the plan cannot be used after that (build a new one)");
+    if (base_comm_) base_comm_->throw_if_failed(may_call_mpi());
+  }
 
   /// Collective element-wise maximum over all ranks, through the segment. Uses the
   /// rings like a message exchange with rank 0 (gather, then broadcast).
@@ -346,8 +370,54 @@ class shm {
   }
 
  private:
+  /// The segment's first cache lines: the failure word (0: no failure; else the first
+  /// failing rank + 1, its errc and the rank it waited for + 1, 16 bits each).
+  static constexpr std::size_t control_bytes = 128;
+  static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+  std::atomic<std::uint64_t>* failure_word() const {
+    return reinterpret_cast<std::atomic<std::uint64_t>*>(base_);
+  }
+
+  /// Writes the report (origin, code, waited_for) into the failure word unless one is
+  /// there (the first failure wins: every rank then names the same one).
+  void report(int origin, errc code, int waited_for) noexcept {
+    if (base_ == nullptr) return;
+    const std::uint64_t w = (static_cast<std::uint64_t>(origin + 1) & 0xffff) |
+                            ((static_cast<std::uint64_t>(code) & 0xffff) << 16) |
+                            ((static_cast<std::uint64_t>(waited_for + 1) & 0xffff) << 32);
+    std::uint64_t none = 0;
+    failure_word()->compare_exchange_strong(none, w, std::memory_order_acq_rel);
+  }
+
+  /// Reads the failure word; a peer's report fails this transport (errc::peer_failed,
+  /// or the peer's errc::timeout / errc::corrupt), naming the ranks.
+  void heard() {
+    if (failed_ || base_ == nullptr) return;
+    const std::uint64_t w = failure_word()->load(std::memory_order_acquire);
+    if (w == 0) return;
+    const int origin = static_cast<int>(w & 0xffff) - 1;
+    const auto code = static_cast<errc>((w >> 16) & 0xffff);
+    const int waited_for = static_cast<int>((w >> 32) & 0xffff) - 1;
+    failed_ = true;
+    code_ = detail::reported_code(code);
+    what_ = "cgx::comm::shm (rank " + std::to_string(rank_) + "): " + detail::reported_failure(origin, code, waited_for) +
+            " inside a collective call; this call stopped waiting";
+    // The MPI transport underneath is failed too: peers' reports may still arrive on its
+    // communicators, which it must then never free (see comm::mpi::release).
+    if (base_comm_) base_comm_->abort(code_, what_, waited_for);
+  }
+
+  /// Throws if this transport has stopped: a received message failed its check (the
+  /// first such failure; reported to the peers), a peer's report is in the segment, or
+  /// an earlier failure.
+  void throw_if_stopped() {
+    if (!bad_.empty()) fail(bad_code_, std::exchange(bad_, std::string()));
+    heard();
+    if (failed_) throw cgx::error(code_, what_);
+  }
+
   ring_header* header(int src, int dst) const {
-    return reinterpret_cast<ring_header*>(static_cast<std::byte*>(base_) +
+    return reinterpret_cast<ring_header*>(static_cast<std::byte*>(base_) + control_bytes +
                                           (static_cast<std::size_t>(src) * static_cast<std::size_t>(size_) +
                                            static_cast<std::size_t>(dst)) * stride_);
   }
@@ -422,13 +492,14 @@ class shm {
     std::vector<int> peers;
     for (const auto& o : pending_)
       if (std::any_of(reqs.begin(), reqs.end(), [&](const request& r) { return r.id == o.id; })) peers.push_back(o.peer);
-    fail(errc::timeout, detail::waited_for(limit_, std::move(peers)));
+    const int first = peers.empty() ? -1 : *std::min_element(peers.begin(), peers.end());
+    fail(errc::timeout, detail::waited_for(limit_, std::move(peers)), first);
   }
 
   /// Tells the peers and throws.
-  [[noreturn]] void fail(errc code, const std::string& what) {
+  [[noreturn]] void fail(errc code, const std::string& what, int waited_for = -1) {
     const std::string msg = "cgx::comm::shm (rank " + std::to_string(rank_) + "): " + what;
-    base_comm_->abort(code, msg);
+    abort(code, msg, waited_for);
     throw cgx::error(code, msg);
   }
 
@@ -484,6 +555,7 @@ class shm {
         return e;
       }
       base_ = p;
+      new (base_) std::atomic<std::uint64_t>(0);
       for (int s = 0; s < size_; ++s)
         for (int d = 0; d < size_; ++d) {
           ring_header* h = header(s, d);
@@ -517,6 +589,7 @@ class shm {
 
   request post(std::byte* buf, std::size_t bytes, int peer, bool send) {
     if (peer < 0 || peer >= size_) throw cgx::error(errc::invalid_argument, "cgx::comm::shm: peer out of range");
+    throw_if_stopped();
     if (failed()) throw_if_failed();
     // The header, then the payload, in the same ring (FIFO per pair keeps them together).
     detail::wire_header& h = headers_.emplace_back();
@@ -530,6 +603,7 @@ class shm {
       pending_.push_back(op{buf, bytes, 0, send, peer, id, no_header, send ? nullptr : &h});
     }
     progress();
+    throw_if_stopped();  // a header that arrived just now and does not match
     return {id};
   }
 
@@ -537,6 +611,9 @@ class shm {
   /// Moves bytes for every pending operation that can move; true if anything moved.
   /// Only the oldest unfinished operation per (direction, peer) may move (FIFO order).
   bool progress() {
+    // Once a received message failed its check the streams are out of step: nothing
+    // more moves (the first failure is what the call reports).
+    if (!bad_.empty()) return false;
     bool moved = false;
     std::fill(blocked_send_.begin(), blocked_send_.end(), 0);
     std::fill(blocked_recv_.begin(), blocked_recv_.end(), 0);
@@ -636,6 +713,9 @@ class shm {
   std::deque<detail::wire_header> headers_;  // of the transfers in flight (stable addresses)
   std::string bad_;                          // a received message that failed its check, and
   errc bad_code_ = errc::mismatch;           // how (mismatch: its header; corrupt: its checksum)
+  bool failed_ = false;                      // a failure of this rank's or a peer's (the segment's word)
+  errc code_ = errc::transport;              // with failed_: the code every later call throws
+  std::string what_;                         // and its message
   std::vector<pid_t> peer_pid_;  // per rank: its pid if it shares this rank's pid namespace, else 0 (and 0 for self)
 };
 
