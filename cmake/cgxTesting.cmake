@@ -1,7 +1,8 @@
 # Helpers to register cgx's tests with CTest.
 #
-# cgx_add_mpi_test(NAME SOURCES src... [RANKS 1 2 3 4] [LABELS ...])
-#   Builds NAME from the sources plus the MPI test main and registers NAME.np<k> for
+# cgx_add_mpi_test(NAME SOURCES src... [RANKS 1 2 3 4] [LABELS ...] [MAIN target])
+#   Builds NAME from the sources plus the MPI test main (MAIN: another one, e.g.
+#   cgx_mpi_test_main_multiple for MPI_THREAD_MULTIPLE) and registers NAME.np<k> for
 #   each rank count, launched with ${MPIEXEC_EXECUTABLE}. Works with Open MPI run as
 #   root on a 2-core machine (oversubscription is added for Open MPI) and with MPICH
 #   (configure with -DMPIEXEC_EXECUTABLE=/usr/bin/mpiexec.mpich -DMPI_CXX_COMPILER=mpicxx.mpich).
@@ -41,12 +42,15 @@ if(CGX_MPIEXEC_IS_OPENMPI)
 endif()
 
 function(cgx_add_mpi_test name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;RANKS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "MAIN" "SOURCES;RANKS;LABELS" ${ARGN})
   if(NOT ARG_RANKS)
     set(ARG_RANKS ${CGX_TEST_RANKS})
   endif()
+  if(NOT ARG_MAIN)
+    set(ARG_MAIN cgx_mpi_test_main)
+  endif()
   add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE cgx::cgx cgx_mpi_test_main cgx_project_options)
+  target_link_libraries(${name} PRIVATE cgx::cgx ${ARG_MAIN} cgx_project_options)
   foreach(np IN LISTS ARG_RANKS)
     add_test(NAME ${name}.np${np}
              COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${CGX_MPIEXEC_EXTRA} ${MPIEXEC_PREFLAGS}
