@@ -136,8 +136,8 @@ TEST_CASE("shm: rings larger than /dev/shm are refused at construction, naming /
   const auto total = static_cast<unsigned long long>(v.f_blocks) * static_cast<unsigned long long>(v.f_frsize);
   const auto pairs = static_cast<unsigned long long>(world_size()) * static_cast<unsigned long long>(world_size());
   std::size_t ring = 4096;
-  while (pairs * (ring + 128) <= total) ring *= 2;
-  const std::string need = std::to_string(pairs * (ring + 128));
+  while (pairs * (ring + 128) + 128 <= total) ring *= 2;  // the rings, and 128 bytes for failure reports
+  const std::string need = std::to_string(pairs * (ring + 128) + 128);
   std::string what;
   std::optional<cgx::errc> code;
   try {

@@ -71,6 +71,8 @@ inline std::string reported_failure(int origin, errc code, int waited_for) {
     if (waited_for >= 0) s += " waiting for rank " + std::to_string(waited_for);
   } else if (code == errc::corrupt) {
     s += "received a corrupt message (plan_options::verify)";
+  } else if (code == errc::mismatch) {
+    s += "received a message of another count, plan or call (the ranks disagree)";
   } else {
     s += "failed (it threw)";
   }
@@ -408,6 +410,20 @@ class mpi {
       fault_->what = why;
     }
     tell(rank_, code, waited_for);
+  }
+
+  /// Fails this transport with `code` and `why` without telling the peers and without an
+  /// MPI call (for a transport built on this one that heard of a failure its own way,
+  /// e.g. comm::shm's segment, on a thread that may not call MPI now): every later wait
+  /// throws, and the communicators are kept (see release()). Never throws.
+  void mark_failed(errc code, const std::string& why) noexcept {
+    if (!fault_ || fault_->failed) return;
+    fault_->failed = true;
+    fault_->code = code;
+    try {
+      fault_->what = why;
+    } catch (...) {
+    }
   }
 
   /// True once a wait failed, a peer reported a failure, or abort() was called.

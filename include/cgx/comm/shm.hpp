@@ -122,7 +122,8 @@ class shm {
 
   /// Collective over `comm` (which must hold only ranks of one node). Every rank must
   /// pass the same `ring_bytes` (a power of two >= 4096). The segment holds
-  /// size() * size() rings of ring_bytes + 128 bytes, reserved in /dev/shm at once.
+  /// size() * size() rings of ring_bytes + 128 bytes, and 128 bytes for failure reports,
+  /// reserved in /dev/shm at once.
   explicit shm(MPI_Comm comm, std::size_t ring_bytes = default_ring_bytes) : ring_(ring_bytes) {
     base_comm_.emplace(comm);  // validates the communicator and duplicates it (setup, native allreduce)
     mpi& base = *base_comm_;
@@ -183,7 +184,8 @@ class shm {
         throw cgx::error(errc::transport, "cgx::comm::shm: cannot reserve " + std::to_string(bytes_) +
                                               " bytes in /dev/shm for the rings (" + std::to_string(size_) + " x " +
                                               std::to_string(size_) + " rings of ring_bytes " + std::to_string(ring_) +
-                                              " + 128): " + std::strerror(e) + "; /dev/shm has " + devshm_free() +
+                                              " + 128, and 128 bytes for failure reports): " + std::strerror(e) +
+                                              "; /dev/shm has " + devshm_free() +
                                               ". Pass a smaller ring_bytes or enlarge /dev/shm (docker: --shm-size)");
       throw cgx::error(errc::transport, "cgx::comm::shm: cannot create a shared-memory segment of " +
                                             std::to_string(bytes_) + " bytes in /dev/shm: " + std::strerror(e));
@@ -403,8 +405,14 @@ class shm {
     what_ = "cgx::comm::shm (rank " + std::to_string(rank_) + "): " + detail::reported_failure(origin, code, waited_for) +
             " inside a collective call; this call stopped waiting";
     // The MPI transport underneath is failed too: peers' reports may still arrive on its
-    // communicators, which it must then never free (see comm::mpi::release).
-    if (base_comm_) base_comm_->abort(code_, what_, waited_for);
+    // communicators, which it must then never free (see comm::mpi::release). It passes
+    // the report on over MPI only where this thread may call MPI.
+    if (base_comm_) {
+      if (may_call_mpi())
+        base_comm_->abort(code_, what_, waited_for);
+      else
+        base_comm_->mark_failed(code_, what_);
+    }
   }
 
   /// Throws if this transport has stopped: a received message failed its check (the
