@@ -253,9 +253,7 @@ template <class X>
 void collective_case(int which, kind k, int odd, int rep, const char* tname) {
   const int r = world_rank(), p = world_size();
   const bool me = r == odd;
-  // Even repetitions: payloads that travel with their header (comm::mpi's inline size);
-  // odd ones: header, then payload.
-  const std::size_t cnt = count_of(me, k, rep) / (rep % 2 == 0 ? 3 : 1);
+  const std::size_t cnt = count_of(me, k, rep);
   const int root = rep % 2 == 1 ? odd : (odd + 1) % p;
   seen s;
   if (me && k == kind::plan)

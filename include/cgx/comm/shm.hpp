@@ -406,13 +406,8 @@ class shm {
             " inside a collective call; this call stopped waiting";
     // The MPI transport underneath is failed too: peers' reports may still arrive on its
     // communicators, which it must then never free (see comm::mpi::release). It passes
-    // the report on over MPI only where this thread may call MPI.
-    if (base_comm_) {
-      if (may_call_mpi())
-        base_comm_->abort(code_, what_, waited_for);
-      else
-        base_comm_->mark_failed(code_, what_);
-    }
+    // the report on over MPI too (as a failing rank of its own does).
+    if (base_comm_) base_comm_->abort(code_, what_, waited_for);
   }
 
   /// Throws if this transport has stopped: a received message failed its check (the
