@@ -412,20 +412,6 @@ class mpi {
     tell(rank_, code, waited_for);
   }
 
-  /// Fails this transport with `code` and `why` without telling the peers and without an
-  /// MPI call (for a transport built on this one that heard of a failure its own way,
-  /// e.g. comm::shm's segment, on a thread that may not call MPI now): every later wait
-  /// throws, and the communicators are kept (see release()). Never throws.
-  void mark_failed(errc code, const std::string& why) noexcept {
-    if (!fault_ || fault_->failed) return;
-    fault_->failed = true;
-    fault_->code = code;
-    try {
-      fault_->what = why;
-    } catch (...) {
-    }
-  }
-
   /// True once a wait failed, a peer reported a failure, or abort() was called.
   [[nodiscard]] bool failed() const noexcept { return fault_ && fault_->failed; }
   /// True if a failed call left a send pending that MPI could not cancel: MPI may still
