@@ -579,7 +579,16 @@ class mpi {
     fail_wait(reqs, errc::timeout, MPI_SUCCESS, detail::waited_for(limit_, std::move(peers)), first);
   }
 
-  /// Cancels what is pending in `reqs` and gives it up to a second to complete (a send
+  /// How long a failed call gives its cancelled requests to complete. A send that MPI
+  /// cannot cancel (Open MPI cancels no send) may still read its buffer; it completes
+  /// only if its receiver was already draining it, which takes milliseconds on shared
+  /// memory and TCP for a chunk of a few MiB; a receiver that failed too cancelled its
+  /// receive, and then the send never completes and the whole grace is spent. So it is
+  /// short: a failed call costs at most this much more. A send still pending after it
+  /// only keeps its plan's workspace alive (abandoned()).
+  static constexpr std::chrono::milliseconds cancel_grace{250};
+
+  /// Cancels what is pending in `reqs` and gives it up to cancel_grace to complete (a send
   /// that MPI cannot cancel may still read its buffer; its receiver is usually draining
   /// it; a receive may have matched a message of the wrong length and completed with an
   /// error). A request still pending then, or any request of the call that was not part
@@ -624,7 +633,7 @@ class mpi {
         continue;
       }
       if (flag) break;  // no active request left
-      if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(1)) break;
+      if (std::chrono::steady_clock::now() - t0 > cancel_grace) break;
       std::this_thread::yield();
     }
     for (auto& r : left)
