@@ -1,6 +1,7 @@
 // The device transports and schedules on a simulated CUDA runtime (issue 19): no GPU.
 // comm::basic_cuda_ipc<sim::runtime>, comm::device_sra / device_ring / device_tree over it and
-// device_allreduce_plan run unchanged, with the CUDA kernels' bodies on the host, over
+// device_allreduce_plan, device_reduce_scatter_plan and device_allgather_plan run
+// unchanged, with the CUDA kernels' bodies on the host, over
 // thread-ranks; sim_runtime.hpp's checker reports every pair of device accesses that
 // the streams, events and barriers leave unordered, and every teardown step out of
 // CUDA IPC's order. Each scenario runs under several executor seeds (interleavings).
@@ -8,6 +9,7 @@
 
 #include "sim_runtime.hpp"
 
+#include <cgx/allgather_plan.hpp>
 #include <cgx/allreduce_plan.hpp>
 #include <cgx/comm/cuda_ipc.cuh>
 #include <cgx/comm/device_ring.cuh>
@@ -17,17 +19,21 @@
 #if CGX_SIM_NCCL
 #include <cgx/comm/nccl.cuh>
 #endif
+#include <cgx/device_collectives.cuh>
 #include <cgx/device_plan.cuh>
 #include <cgx/layerwise_plan.cuh>
 #include <cgx/layerwise_plan.hpp>
+#include <cgx/reduce_scatter_plan.hpp>
 
 #include "gpu/thread_transport.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -604,3 +610,309 @@ TEST_CASE("layerwise_device_plan over NCCL (simulated): the host plan's bits") {
   for (const int p : {2, 4}) check_layerwise_nccl(p);
 }
 #endif
+
+// ---- device reduce-scatter and allgather (issue 36, item 4) -----------------------------
+
+namespace {
+
+template <class T>
+T to_value(float v) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __float2half(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16(v);
+  else
+    return static_cast<T>(v);
+}
+template <class T>
+float to_float(T v) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __half2float(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(v);
+  else
+    return static_cast<float>(v);
+}
+template <class T>
+std::vector<T> input_of(int rank, std::size_t n, int call) {
+  const auto f = input(rank, n, call);
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = to_value<T>(f[i]);
+  return v;
+}
+template <class T>
+bool same_bits(const T& a, const T& b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+enum class op { reduce_scatter, allgather, allreduce };
+
+/// One rank's calls of the device plan `o` over Make's transport: the counts of
+/// counts(max_n), on three streams in turn with no host wait between calls: calls 0
+/// and 2 use the same workspace half from different streams, so only the transport's
+/// fence orders call 2 after call 0's last work. Returns each call's output buffer
+/// (allgather: p blocks).
+template <op O, class T, class Make>
+std::vector<std::vector<T>> device_collective_calls(const Make& make, int r, int p, std::size_t max_n) {
+  using X = typename Make::type;
+  cgx::plan_options opts;
+  opts.native_below_bytes = 0;
+  auto plan = [&] {
+    if constexpr (O == op::reduce_scatter)
+      return std::make_unique<cgx::device_reduce_scatter_plan<T, Q, X>>(make.make(r), max_n, opts);
+    else if constexpr (O == op::allgather)
+      return std::make_unique<cgx::device_allgather_plan<T, Q, X>>(make.make(r), max_n, opts);
+    else
+      return std::make_unique<cgx::device_allreduce_plan<T, Q, cgx::comm::scatter_reduce_allgather, X>>(make.make(r),
+                                                                                                          max_n, opts);
+  }();
+  const std::size_t out_n = O == op::allgather ? max_n * static_cast<std::size_t>(p) : max_n;
+  cudaStream_t s[3] = {sim::w().create_stream(), sim::w().create_stream(), sim::w().create_stream()};
+  T* in[3] = {};
+  T* out[3] = {};
+  for (int k = 0; k < 3; ++k) {
+    void* a = nullptr;
+    void* b = nullptr;
+    REQUIRE(sim::runtime::malloc(&a, max_n * sizeof(T)) == cudaSuccess);
+    REQUIRE(sim::runtime::malloc(&b, out_n * sizeof(T)) == cudaSuccess);
+    in[k] = static_cast<T*>(a);
+    out[k] = static_cast<T*>(b);
+  }
+  std::vector<std::vector<T>> res;
+  std::vector<std::vector<T>> inputs;  // alive until the streams have run their copies
+  int call = 0;
+  for (const std::size_t n : counts(max_n)) {
+    const int k = call % 3;
+    auto v = input_of<T>(r, n, call++);
+    if constexpr (O == op::allgather) {
+      res.emplace_back(n * static_cast<std::size_t>(p));
+      inputs.push_back(std::move(v));
+      sim::runtime::memcpy_async(in[k], inputs.back().data(), n * sizeof(T), cudaMemcpyHostToDevice, s[k]);
+      (*plan)(in[k], n, out[k], s[k]);
+      sim::runtime::memcpy_async(res.back().data(), out[k], n * static_cast<std::size_t>(p) * sizeof(T),
+                                 cudaMemcpyDeviceToHost, s[k]);
+    } else {
+      res.push_back(std::move(v));
+      sim::runtime::memcpy_async(in[k], res.back().data(), n * sizeof(T), cudaMemcpyHostToDevice, s[k]);
+      (*plan)(in[k], n, s[k]);
+      sim::runtime::memcpy_async(res.back().data(), in[k], n * sizeof(T), cudaMemcpyDeviceToHost, s[k]);
+    }
+  }
+  for (cudaStream_t x : s) sim::runtime::stream_synchronize(x);
+  for (int k = 0; k < 3; ++k) {
+    REQUIRE(sim::runtime::free(in[k]) == cudaSuccess);
+    REQUIRE(sim::runtime::free(out[k]) == cudaSuccess);
+  }
+  CHECK(plan->calls() == counts(max_n).size());
+  return res;
+}
+
+/// Runs the device collective O on every rank of a fresh simulated world; checks that
+/// no access was unordered and returns every rank's outputs.
+template <op O, class T, class Make>
+std::vector<std::vector<std::vector<T>>> run_device(const Make& make, int p, std::size_t max_n, std::uint64_t seed) {
+  sim::world w(seed);
+  sim::scope use(w);
+  std::vector<std::vector<std::vector<T>>> got(static_cast<std::size_t>(p));
+  on_ranks(w, p, [&](int r) { got[static_cast<std::size_t>(r)] = device_collective_calls<O, T>(make, r, p, max_n); });
+  const auto v = w.violations();
+  INFO("violations:\n" << joined(v));
+  CHECK(v.empty());
+  CHECK(w.executed() > 0);
+  return got;
+}
+
+/// The host reduce_scatter_plan / allgather_plan over the thread transport, same calls.
+template <op O>
+std::vector<std::vector<std::vector<float>>> host_collective(int p, std::size_t max_n) {
+  auto g = std::make_shared<gpu_test::thread_group>(p);
+  std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(p));
+  std::vector<std::thread> t;
+  for (int r = 0; r < p; ++r)
+    t.emplace_back([&, r] {
+      using TT = gpu_test::thread_transport;
+      int call = 0;
+      auto& mine = out[static_cast<std::size_t>(r)];
+      if constexpr (O == op::reduce_scatter) {
+        cgx::reduce_scatter_plan<float, Q, TT> plan{TT(g, r), max_n};
+        for (const std::size_t n : counts(max_n)) {
+          mine.push_back(input(r, n, call++));
+          plan(mine.back().data(), n);
+        }
+      } else {
+        cgx::allgather_plan<float, Q, TT> plan{TT(g, r), max_n};
+        for (const std::size_t n : counts(max_n)) {
+          const auto v = input(r, n, call++);
+          mine.emplace_back(n * static_cast<std::size_t>(p));
+          plan(v.data(), n, mine.back().data());
+        }
+      }
+    });
+  for (auto& x : t) x.join();
+  return out;
+}
+
+/// Values of `got` that differ in their bits from `want` in [begin, end).
+template <class T>
+std::size_t differing(const std::vector<T>& got, const std::vector<T>& want, std::size_t begin, std::size_t end) {
+  std::size_t bad = 0;
+  for (std::size_t i = begin; i < end; ++i)
+    if (!same_bits(got[i], want[i])) ++bad;
+  return bad;
+}
+
+/// fp32: the host plans' bits. Reduce-scatter: this rank's chunk is the host plan's,
+/// the rest of the buffer is the input, untouched. Allgather: every block, every rank.
+template <class Make>
+void check_float_collectives(const Make& make, int p, std::size_t max_n, std::uint64_t seed) {
+  CAPTURE(p);
+  CAPTURE(max_n);
+  CAPTURE(seed);
+  const auto rs_want = host_collective<op::reduce_scatter>(p, max_n);
+  const auto rs_got = run_device<op::reduce_scatter, float>(make, p, max_n, seed);
+  const auto ag_want = host_collective<op::allgather>(p, max_n);
+  const auto ag_got = run_device<op::allgather, float>(make, p, max_n, seed + 1000);
+  const auto ns = counts(max_n);
+  for (int r = 0; r < p; ++r)
+    for (std::size_t c = 0; c < ns.size(); ++c) {
+      CAPTURE(r);
+      CAPTURE(c);
+      const auto& got = rs_got[static_cast<std::size_t>(r)][c];
+      const auto& want = rs_want[static_cast<std::size_t>(r)][c];
+      REQUIRE(got.size() == want.size());
+      const auto mine = cgx::reduce_scatter_plan<float, Q, gpu_test::thread_transport>::chunk_of(ns[c], p, r);
+      CHECK(cgx::device_reduce_scatter_plan<float, Q, sim_ipc>::chunk_of(ns[c], p, r).begin == mine.begin);
+      CHECK(cgx::device_reduce_scatter_plan<float, Q, sim_ipc>::chunk_of(ns[c], p, r).count == mine.count);
+      CHECK_MESSAGE(differing(got, want, 0, got.size()) == 0, "reduce-scatter: values differ from the host plan's");
+      const auto in = input(r, ns[c], static_cast<int>(c));
+      CHECK_MESSAGE(differing(got, in, 0, mine.begin) + differing(got, in, mine.begin + mine.count, got.size()) == 0,
+                    "reduce-scatter: values outside the rank's chunk changed");
+      CHECK_MESSAGE(differing(ag_got[static_cast<std::size_t>(r)][c], ag_want[static_cast<std::size_t>(r)][c], 0,
+                              ag_want[static_cast<std::size_t>(r)][c].size()) == 0,
+                    "allgather: values differ from the host plan's");
+    }
+}
+
+/// fp16 and bf16 (no host plan): the reduce-scatter chunk is device_allreduce_plan's
+/// (SRA) chunk, bit for bit; the allgather gives every rank the same bits, each value
+/// within one quantization step of its block's bucket (maxmin: (max - min) / (2^b - 1),
+/// of the values as T holds them; stochastic rounding stays below one step, and the
+/// decoded value is then rounded to T once more, half a unit of T's last place).
+template <class T, class Make>
+void check_half_collectives(const Make& make, int p, std::size_t max_n, std::uint64_t seed) {
+  CAPTURE(p);
+  CAPTURE(seed);
+  const auto ar = run_device<op::allreduce, T>(make, p, max_n, seed);
+  const auto rs = run_device<op::reduce_scatter, T>(make, p, max_n, seed + 1);
+  const auto ag = run_device<op::allgather, T>(make, p, max_n, seed + 2);
+  const auto ns = counts(max_n);
+  constexpr std::size_t B = Q::bucket_size;
+  const double ulp = std::is_same_v<T, __half> ? 1.0 / 1024 : 1.0 / 128;  // relative, last place
+  for (int r = 0; r < p; ++r)
+    for (std::size_t c = 0; c < ns.size(); ++c) {
+      CAPTURE(r);
+      CAPTURE(c);
+      const auto mine = cgx::device_reduce_scatter_plan<T, Q, sim_ipc>::chunk_of(ns[c], p, r);
+      const auto& a = ar[static_cast<std::size_t>(r)][c];
+      const auto& b = rs[static_cast<std::size_t>(r)][c];
+      CHECK_MESSAGE(differing(b, a, mine.begin, mine.begin + mine.count) == 0,
+                    "reduce-scatter: the chunk differs from the allreduce's");
+      const auto in = input_of<T>(r, ns[c], static_cast<int>(c));
+      CHECK(differing(b, in, 0, mine.begin) + differing(b, in, mine.begin + mine.count, b.size()) == 0);
+      CHECK_MESSAGE(differing(ag[static_cast<std::size_t>(r)][c], ag[0][c], 0, ag[0][c].size()) == 0,
+                    "allgather: ranks hold different bits");
+    }
+  for (std::size_t c = 0; c < ns.size(); ++c) {
+    const std::size_t n = ns[c];
+    std::size_t far = 0;
+    for (int q = 0; q < p; ++q) {
+      const auto in = input_of<T>(q, n, static_cast<int>(c));
+      for (std::size_t b0 = 0; b0 < n; b0 += B) {
+        const std::size_t e = std::min(n, b0 + B);
+        float lo = to_float(in[b0]), hi = lo;
+        for (std::size_t i = b0; i < e; ++i) lo = std::min(lo, to_float(in[i])), hi = std::max(hi, to_float(in[i]));
+        const double step = (static_cast<double>(hi) - lo) / ((1u << Q::bits) - 1);
+        for (std::size_t i = b0; i < e; ++i) {
+          const double x = to_float(in[i]);
+          const double y = to_float(ag[0][c][static_cast<std::size_t>(q) * n + i]);
+          if (!(std::fabs(y - x) <= step + ulp * std::max(std::fabs(x), std::fabs(y)))) ++far;
+        }
+      }
+    }
+    CAPTURE(c);
+    CHECK_MESSAGE(far == 0, far << " gathered values are more than one step from their input");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("device reduce-scatter and allgather over CUDA IPC (simulated), 2-6 ranks, odd counts: the host plans' bits") {
+  for (const int p : {2, 3, 4, 5, 6}) check_float_collectives(over_ipc(p), p, 3001, 100u + p);
+}
+
+TEST_CASE("device reduce-scatter and allgather over a host transport (simulated), staged and direct: the host plans' bits") {
+  for (const bool direct : {false, true})
+    for (const int p : {2, 3, 5}) {
+      CAPTURE(direct);
+      check_float_collectives(over_host(p, direct), p, 2049, 110u + p);
+    }
+}
+
+#if CGX_SIM_NCCL
+TEST_CASE("device reduce-scatter and allgather over NCCL (simulated): the host plans' bits") {
+  for (const int p : {2, 3, 4, 6}) check_float_collectives(over_nccl(p), p, 3001, 120u + p);
+}
+#endif
+
+TEST_CASE("device reduce-scatter and allgather of fp16 and bf16 (simulated): the allreduce's chunk, one step, same bits") {
+  for (const int p : {2, 3, 4}) {
+    check_half_collectives<__half>(over_ipc(p), p, 3001, 130u + p);
+    check_half_collectives<__nv_bfloat16>(over_host(p, false), p, 2049, 140u + p);
+#if CGX_SIM_NCCL
+    check_half_collectives<__nv_bfloat16>(over_nccl(p), p, 2049, 150u + p);
+#endif
+  }
+}
+
+TEST_CASE("device reduce-scatter and allgather refuse host buffers and counts above max_count, buffers untouched") {
+  sim::world w(161);
+  sim::scope use(w);
+  const int p = 2;
+  auto g = std::make_shared<sim::group>(p);
+  std::vector<std::string> what(4 * p);
+  on_ranks(w, p, [&](int r) {
+    cgx::plan_options o;
+    o.check = cgx::checking::local;
+    const std::size_t n = 1000;
+    cgx::device_reduce_scatter_plan<float, Q, sim_ipc> rs{sim_ipc{sim::thread_bootstrap(g, r)}, n, o};
+    cgx::device_allgather_plan<float, Q, sim_ipc> ag{sim_ipc{sim::thread_bootstrap(g, r)}, n, o};
+    std::vector<float> host = input(r, n, 0);
+    const auto before = host;
+    std::vector<float> host_out(n * p, 7.0f);
+    void* mem = nullptr;
+    REQUIRE(sim::runtime::malloc(&mem, 2 * n * p * sizeof(float)) == cudaSuccess);
+    auto* d = static_cast<float*>(mem);
+    auto code = [&](auto&& f, int slot) {
+      try {
+        f();
+      } catch (const cgx::error& e) {
+        what[static_cast<std::size_t>(4 * r + slot)] = e.what();
+        return static_cast<int>(e.code());
+      }
+      return -1;
+    };
+    const int inv = static_cast<int>(cgx::errc::invalid_argument);
+    CHECK(code([&] { rs(host.data(), n); }, 0) == inv);
+    CHECK(code([&] { rs(d, n + 1); }, 1) == inv);
+    CHECK(code([&] { ag(d, n, host_out.data()); }, 2) == inv);
+    CHECK(code([&] { ag(d, n + 1, d + n); }, 3) == inv);
+    CHECK(host == before);
+    CHECK(std::all_of(host_out.begin(), host_out.end(), [](float v) { return v == 7.0f; }));
+    CHECK(rs.calls() == 0);
+    CHECK(ag.calls() == 0);
+    sim::runtime::free(mem);
+  });
+  for (const auto& s : what) CHECK_MESSAGE(!s.empty(), "a refused call without a message");
+  CHECK(what[0].find("not device") != std::string::npos);
+  CHECK(what[1].find("max_count") != std::string::npos);
+}

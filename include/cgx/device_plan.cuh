@@ -129,6 +129,38 @@ struct device_schedule<comm::tree> {
 /// True for quantizers with kernels in runtime policy RT (CUDA kernels for cuda_runtime).
 template <class RT, class Q>
 inline constexpr bool has_device_kernels = requires { typename RT::template kernels<Q>::quantizer; };
+
+/// True when p[0..n) cannot be a device buffer of runtime RT: n > 0 and p is neither
+/// device nor managed memory (a null p is the caller's other error). A device plan's
+/// argument check.
+template <class RT>
+bool not_device_memory(const void* p, std::size_t n) {
+  if (p == nullptr || n == 0) return false;
+  cudaPointerAttributes a{};
+  const cudaError_t e = RT::pointer_attributes(&a, p);
+  if (e != cudaSuccess) {
+    (void)RT::get_last_error();
+    return true;
+  }
+  return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
+}
+
+/// A device plan's signature: differs between element types (bf16 and fp16 too),
+/// quantizers, schedules (`what`), thresholds, and from every host plan's.
+template <class T, class Q>
+std::int64_t device_signature(const char* what, std::uint64_t extra) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  mix(sizeof(T));
+  mix(std::is_same_v<T, __nv_bfloat16> ? 1 : 0);
+  mix(static_cast<std::uint64_t>(Q::bits));
+  mix(Q::bucket_size);
+  mix(std::is_same_v<typename Q::rounding, quant::stochastic> ? 1 : 0);
+  for (const char* c = what; *c != 0; ++c) mix(static_cast<unsigned char>(*c));
+  mix(extra);
+  mix(0x646576u);  // "dev": never equal to a host plan's
+  return static_cast<std::int64_t>(h >> 1);
+}
 }  // namespace detail
 
 /// Compressed allreduce (sum, in place) of up to `max_count` values of T in device memory.
@@ -234,32 +266,10 @@ class device_allreduce_plan {
 
  private:
   /// A number that differs between plans of different T, Q, R or threshold.
-  std::int64_t signature() const {
-    std::uint64_t h = 1469598103934665603ull;
-    auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-    mix(sizeof(T));
-    mix(std::is_same_v<T, __nv_bfloat16> ? 1 : 0);
-    mix(static_cast<std::uint64_t>(Q::bits));
-    mix(Q::bucket_size);
-    mix(std::is_same_v<typename Q::rounding, quant::stochastic> ? 1 : 0);
-    for (const char* c = R::name; *c != 0; ++c) mix(static_cast<unsigned char>(*c));
-    mix(native_below_);
-    mix(0x646576u);  // "dev": never equal to a host plan's
-    return static_cast<std::int64_t>(h >> 1);
-  }
+  std::int64_t signature() const { return detail::device_signature<T, Q>(R::name, native_below_); }
 
   void check(const T* d_buf, std::size_t n) {
-    bool not_device = false;
-    if (d_buf != nullptr && n > 0) {
-      cudaPointerAttributes a{};
-      const cudaError_t e = runtime::pointer_attributes(&a, d_buf);
-      if (e != cudaSuccess) {
-        (void)runtime::get_last_error();
-        not_device = true;
-      } else if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
-        not_device = true;
-      }
-    }
+    const bool not_device = detail::not_device_memory<runtime>(d_buf, n);
     detail::check_call(x_, opts_.check, "device_allreduce_plan", d_buf == nullptr, n, max_count_, sig_, not_device, [] {
       return std::string("the buffer is not device (or managed) memory; use allreduce_plan for host buffers");
     });

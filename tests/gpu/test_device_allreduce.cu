@@ -228,6 +228,66 @@ void check_plan(const char* name, std::size_t max_count, std::initializer_list<s
   }
 }
 
+/// device_reduce_scatter_plan and device_allgather_plan (issue 36, item 4) on the GPU:
+/// the reduce-scatter leaves in each rank's chunk the bits device_allreduce_plan (SRA,
+/// same seed and call counter) leaves there, and the rest of the buffer as it was; the
+/// allgather gives every rank rank 0's bits, each block within one quantization of its
+/// rank's input. Two calls each (the workspace halves), odd counts.
+template <class T, class Q>
+void check_collectives(const char* name, std::size_t max_count) {
+  cgx::plan_options opts;
+  opts.native_below_bytes = 0;
+  cgx::device_allreduce_plan<T, Q, R, X> ar{make_transport(), max_count, opts};
+  cgx::device_reduce_scatter_plan<T, Q, X> rs{make_transport(), max_count, opts};
+  cgx::device_allgather_plan<T, Q, X> ag{make_transport(), max_count, opts};
+  gpu_test::dev_buf<T> a(max_count), b(max_count), g(max_count * static_cast<std::size_t>(size_));
+  int call = 0;
+  for (const std::size_t n : {max_count, max_count / 3 + 1}) {
+    const std::uint64_t salt = 5000 + static_cast<std::uint64_t>(call) * 17 + n;
+    std::vector<std::vector<T>> x;
+    for (int r = 0; r < size_; ++r) x.push_back(inputs<T>(r, n, salt, false));
+    const auto& mine = x[static_cast<std::size_t>(rank_)];
+    CUDA_OK(cudaMemcpyAsync(a.get(), mine.data(), n * sizeof(T), cudaMemcpyHostToDevice, stream_));
+    CUDA_OK(cudaMemcpyAsync(b.get(), mine.data(), n * sizeof(T), cudaMemcpyHostToDevice, stream_));
+    std::vector<T> sum(n), part(n), all(n * static_cast<std::size_t>(size_));
+    try {
+      ar(a.get(), n, stream_);
+      rs(b.get(), n, stream_);
+      ag(a.get(), n, g.get(), stream_);  // gathers the allreduce's result, the same on every rank
+    } catch (const cgx::error& e) {
+      CHECK_MSG(false, ctx(name, n, call) + ": threw " + e.what());
+      ++call;
+      continue;
+    }
+    CUDA_OK(cudaMemcpyAsync(sum.data(), a.get(), n * sizeof(T), cudaMemcpyDeviceToHost, stream_));
+    CUDA_OK(cudaMemcpyAsync(part.data(), b.get(), n * sizeof(T), cudaMemcpyDeviceToHost, stream_));
+    CUDA_OK(cudaMemcpyAsync(all.data(), g.get(), all.size() * sizeof(T), cudaMemcpyDeviceToHost, stream_));
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    const auto c = rs.my_chunk(n);
+    std::size_t differ = 0, touched = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const bool in = i >= c.begin && i < c.begin + c.count;
+      if (in && std::memcmp(&part[i], &sum[i], sizeof(T)) != 0) ++differ;
+      if (!in && std::memcmp(&part[i], &mine[i], sizeof(T)) != 0) ++touched;
+    }
+    CHECK_MSG(differ == 0, ctx(name, n, call) + ": reduce-scatter: " + std::to_string(differ) +
+                               " values of the chunk differ from the allreduce's");
+    CHECK_MSG(touched == 0, ctx(name, n, call) + ": reduce-scatter: " + std::to_string(touched) +
+                                " values outside the chunk changed");
+    CHECK_MSG(same_as_rank0(all), ctx(name, n, call) + ": allgather: ranks differ");
+    // Block r is rank r's allreduce result (the same on every rank) after one quantization.
+    const std::vector<std::vector<T>> one{sum};
+    for (int r = 0; r < size_; ++r) {
+      const std::vector<T> block(all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * n),
+                                 all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r + 1) * n));
+      const std::size_t bad = outside_bound<T, Q>(block, one, 1);
+      CHECK_MSG(bad == 0, ctx(name, n, call) + ": allgather: block " + std::to_string(r) + ": " + std::to_string(bad) +
+                              " values outside one quantization");
+    }
+    ++call;
+  }
+}
+
 #if !CGX_TEST_FORK
 /// The example of docs/device.md (quoted verbatim: test doc_snippet.device), run and checked.
 void readme_example(float* d_grad, std::size_t n, cudaStream_t stream) {
@@ -341,6 +401,9 @@ int run_checks(int devices) {
     check_plan<__half, cgx::quant::maxmin<8, 256, stochastic>, tree>("tree half 8-bit stochastic", 60000,
                                                                        {60000, 60000}, false);
     check_plan<float, cgx::quant::none, tree>("tree float none", 100000, {100000, 999, 100000}, true);
+    check_collectives<float, cgx::quant::maxmin<4, 512, stochastic>>("collectives float 4-bit", 100003);
+    check_collectives<__half, cgx::quant::maxmin<8, 256, stochastic>>("collectives half 8-bit", 30001);
+    check_collectives<__nv_bfloat16, cgx::quant::maxmin<4, 256, nearest>>("collectives bf16 4-bit", 30001);
     check_errors();
     check_default_threshold();
 #if !CGX_TEST_FORK

@@ -173,6 +173,14 @@ class basic_cuda_ipc {
     }
   }
 
+  /// Records `done` (the workspace fence, and what peers wait for before they overwrite
+  /// their send regions) behind the work enqueued on `stream` so far: work on this
+  /// rank's workspace after the last exchange of a call. No host wait.
+  void fence(cudaStream_t stream) {
+    guard on(device_);
+    detail::cuda_check<R>(R::event_record(done_.get(), stream), "cgx::comm::cuda_ipc: cudaEventRecord (done)");
+  }
+
   /// Collective: one exchange (see the file comment). `sends` need no action (the peers
   /// pull); for receive i, `arrived(i, d)` gets the sender's workspace address
   /// d = peer base + recvs[i].remote_offset, readable in `stream` order.

@@ -40,13 +40,21 @@ namespace cgx::comm {
 /// me, which phase 1 never sends: the rule cuda_ipc relies on (see there).
 class device_sra_executor {
  public:
-  /// One reduction: in place in the codec's buffer, on `stream`. `ws` is x's workspace,
-  /// laid out by `d`. Collective.
+  /// One reduction: in place in the codec's buffer, on `stream`. `ws` is x's workspace;
+  /// the slots of `d` lie at byte `at` of it. With `gather` false it stops after the
+  /// scatter-reduce: each rank holds its own chunk's sum, decoded from its quantized form
+  /// (`finish`), and nothing else changes (a reduce-scatter). Collective.
   template <class X, class C>
-  void run(X& x, const ::cgx::schedule::sra_pattern& d, std::byte* ws, const C& c, cudaStream_t stream) {
+  void run(X& x, const ::cgx::schedule::sra_pattern& d, std::byte* ws, const C& c, cudaStream_t stream,
+           bool gather = true, std::size_t at = 0) {
     const int p = x.size();
     const int me = x.rank();
     const std::size_t mine_bytes = c.bytes(me);
+    // Messages name workspace offsets; the codec gets addresses.
+    auto msg = [at](int peer, std::size_t offset, std::size_t remote, std::size_t b) {
+      return device_msg(peer, at + offset, at + remote, b);
+    };
+    ws += at;
 
     // Phase 1: scatter-reduce. Compress this rank's part of every other chunk.
     x.prepare_send(stream);
@@ -57,12 +65,12 @@ class device_sra_executor {
       const std::size_t b = c.bytes(o);
       if (b == 0) continue;
       c.contribute(o, ws + d.send_slot(o));
-      sends_.push_back({o, d.send_slot(o), d.recv_slot(me), b});
+      sends_.push_back(msg(o, d.send_slot(o), d.recv_slot(me), b));
     }
     if (mine_bytes != 0)
       for (int i = 0; i + 1 < p; ++i) {
         const int r = d.addend(me, i);
-        recvs_.push_back({r, d.recv_slot(r), d.send_slot(me), mine_bytes});
+        recvs_.push_back(msg(r, d.recv_slot(r), d.send_slot(me), mine_bytes));
       }
     // In the pattern's order (a fixed summation order), each part as soon as it has arrived.
     x.exchange(std::span<const device_message>(sends_), std::span<const device_message>(recvs_), stream,
@@ -71,16 +79,22 @@ class device_sra_executor {
     // The sum is quantized once; the owner keeps the decoded bytes, like everyone else.
     x.prepare_send(stream);
     if (mine_bytes != 0) c.finish(ws + d.send_slot(me));
+    if (!gather) {
+      // finish's work on the workspace comes after the last exchange: fenced, so that
+      // the next call (on any stream) writes nothing it still reads.
+      if constexpr (requires { x.fence(stream); }) x.fence(stream);
+      return;
+    }
 
     // Phase 2: allgather of the compressed sums, received into the gather slots.
     sends_.clear();
     recvs_.clear();
     if (mine_bytes != 0)
-      for (int step = 1; step < p; ++step) sends_.push_back({d.to(me, step), d.send_slot(me), d.gather_slot(me), mine_bytes});
+      for (int step = 1; step < p; ++step) sends_.push_back(msg(d.to(me, step), d.send_slot(me), d.gather_slot(me), mine_bytes));
     for (int step = 1; step < p; ++step) {
       const int o = d.from(me, step);
       const std::size_t b = c.bytes(o);
-      if (b != 0) recvs_.push_back({o, d.gather_slot(o), d.send_slot(o), b});
+      if (b != 0) recvs_.push_back(msg(o, d.gather_slot(o), d.send_slot(o), b));
     }
     x.exchange(std::span<const device_message>(sends_), std::span<const device_message>(recvs_), stream,
                [&](std::size_t i, const std::byte* in) { c.decode(recvs_[i].peer, in); });
@@ -111,15 +125,17 @@ class device_sra {
 
   /// In-place sum over all ranks of d_buf[0..n), enqueued on `stream` (the transport
   /// may block the host in its exchanges). `max_n` (>= n) is the count the workspace was
-  /// sized for, the same on every rank. Collective.
+  /// sized for, the same on every rank. With `gather` false, a reduce-scatter: only this
+  /// rank's chunk (chunk_of) receives the sum, the host reduce_scatter_plan's bits. The
+  /// slots lie at byte `at` of the workspace `ws`. Collective.
   void run(T* d_buf, std::size_t n, std::size_t max_n, X& x, std::byte* ws, const quant::rng_state& rng,
-           cudaStream_t stream) {
+           cudaStream_t stream, bool gather = true, std::size_t at = 0) {
     const int p = x.size();
     if (p == 1 || n == 0) return;
     // Chunks, peers, slots, keys and the order of sums: schedule::sra's whole form in
     // this workspace (slots sized for max_n); one quantizer call per chunk.
     const description d = description::whole_in(n, p, granule, bytes, slot_bytes(max_n, p));
-    exec_.run(x, d, ws, codec{d, d_buf, rng, stream, x.rank()}, stream);
+    exec_.run(x, d, ws, codec{d, d_buf, rng, stream, x.rank()}, stream, gather, at);
   }
 
  private:

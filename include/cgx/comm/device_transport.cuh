@@ -29,6 +29,11 @@
 ///    at recvs[i].offset or, for CUDA IPC, the sender's workspace itself; it stays
 ///    readable until the next exchange on this transport.
 ///  - `max_all(span<int64_t>)`: collective maximum on the host (argument checks).
+///  - `fence(stream)` (the transports of cgx have it; device_reduce_scatter_plan needs
+///    it): records the workspace fence (below) behind the work enqueued on `stream` so
+///    far, for a reducer that reads or writes the workspace after its last exchange of a
+///    call (a reduce-scatter's owner decoding its re-quantized sum); the next call's
+///    prepare_send and exchange are then ordered after that work too. No host wait.
 ///  - optionally `native_allreduce(T* d_buf, n, stream)`: the transport's own
 ///    uncompressed sum (MPI_Allreduce, ncclAllReduce), for small messages.
 ///

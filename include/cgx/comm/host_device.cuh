@@ -109,6 +109,12 @@ class basic_host_device {
     fence_.order(stream);
   }
 
+  /// Records the workspace fence behind the work enqueued on `stream` so far; no host wait.
+  void fence(cudaStream_t stream) {
+    guard on(device_);
+    fence_.record(stream);
+  }
+
   /// Collective: one exchange (see device_transport.cuh). Blocks until every message is
   /// complete; enqueues the upward copies and `arrived`'s work on `stream`.
   template <class F>

@@ -233,6 +233,13 @@ class basic_nccl {
     fence_.order(stream);
   }
 
+  /// Records the workspace fence behind the work enqueued on `stream` so far; no host wait.
+  void fence(cudaStream_t stream) {
+    guard on(device_);
+    check_alive();
+    fence_.record(stream);
+  }
+
   /// Collective: every send and receive in one NCCL group on `stream`; then
   /// `arrived(i, workspace + recvs[i].offset)` for each receive, in order, then the
   /// fence. Does not block the host.
