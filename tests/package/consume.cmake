@@ -1,8 +1,10 @@
 # Driver of the consumer tests (see CMakeLists.txt in this folder):
 #   cmake -DMODE=<mode> -DSETTINGS=<package_settings.cmake> -DWORK=<dir> -P consume.cmake
-# MODE: install | find_package | find_package_cuda | find_package_nccl | add_subdirectory | fetchcontent.
+# MODE: install | find_package | find_package_cuda | find_package_nccl | add_subdirectory | fetchcontent
+#       | install_c | find_package_c | find_package_fortran.
 # Everything happens under WORK/MODE, which is wiped first; `install` leaves the package
-# in WORK/prefix for the find_package modes (a CTest fixture orders them).
+# in WORK/prefix for the find_package modes (a CTest fixture orders them), `install_c`
+# that package plus the C library and Fortran module in WORK/prefix-c.
 cmake_minimum_required(VERSION 3.24)
 foreach(v MODE SETTINGS WORK)
   if(NOT DEFINED ${v})
@@ -13,6 +15,7 @@ include(${SETTINGS})
 
 set(dir ${WORK}/${MODE})
 set(prefix ${WORK}/prefix)
+set(prefix_c ${WORK}/prefix-c)
 file(REMOVE_RECURSE ${dir})
 file(MAKE_DIRECTORY ${dir})
 
@@ -83,10 +86,13 @@ endfunction()
 
 if(MODE STREQUAL "install")
   # Install with tests, examples and benchmarks off, into a staging prefix, then move
-  # the package elsewhere: consumers must find it relocated.
+  # the package elsewhere: consumers must find it relocated. The header-only package:
+  # without the compiled libraries (the C library, installed by install_c from this
+  # build; the preload), minutes of compile each.
   step("configure cgx for install"
        COMMAND ${CMAKE_COMMAND} -S ${CGX_SOURCE_DIR} -B ${dir}/cgx-build ${common} -DCGX_BUILD_TESTS=OFF
-               -DCGX_BUILD_EXAMPLES=OFF -DCGX_BUILD_BENCH=OFF -DCMAKE_INSTALL_PREFIX=${dir}/never-used)
+               -DCGX_BUILD_EXAMPLES=OFF -DCGX_BUILD_BENCH=OFF -DCGX_BUILD_C=OFF -DCGX_BUILD_PRELOAD=OFF
+               --no-warn-unused-cli -DCMAKE_INSTALL_PREFIX=${dir}/never-used)
   step("build cgx" COMMAND ${CMAKE_COMMAND} --build ${dir}/cgx-build)
   step("install cgx" COMMAND ${CMAKE_COMMAND} --install ${dir}/cgx-build --prefix ${dir}/stage)
   file(REMOVE_RECURSE ${prefix})
@@ -176,6 +182,88 @@ elseif(MODE STREQUAL "fetchcontent")
        COMMAND ${consumer} -DCGX_CONSUME=fetchcontent -DCGX_URL=file://${dir}/cgx-src.tar.gz -DCGX_URL_SHA256=${sha}
                -DFETCHCONTENT_TRY_FIND_PACKAGE_MODE=NEVER)
   build_and_run()
+
+elseif(MODE STREQUAL "install_c")
+  # The C++-only package of `install` (header-only: built in seconds) plus the install
+  # component cgx_c of the build this test belongs to (its libcgx_c, compiled once there,
+  # minutes of compile that a fresh build here would repeat), then moved elsewhere.
+  if(NOT EXISTS ${prefix}/include/cgx/cgx.hpp)
+    message(FATAL_ERROR "[install_c] no package in ${prefix}: run the package.install test first")
+  endif()
+  file(COPY ${prefix}/ DESTINATION ${dir}/stage)
+  step("install component cgx_c of ${CGX_OUTER_BINARY_DIR}"
+       COMMAND ${CMAKE_COMMAND} --install ${CGX_OUTER_BINARY_DIR} --component cgx_c --prefix ${dir}/stage)
+  file(REMOVE_RECURSE ${prefix_c})
+  file(RENAME ${dir}/stage ${prefix_c})
+  set(want cgxCTargets.cmake cgxCArch.cmake)
+  if(CGX_HAS_FORTRAN)
+    list(APPEND want cgxFortranTargets.cmake)
+  endif()
+  file(GLOB_RECURSE config_files ${prefix_c}/*.cmake)
+  foreach(f IN LISTS want)
+    if(NOT config_files MATCHES "/${f}(;|$)")
+      message(FATAL_ERROR "[install_c] ${f} is not installed (installed: ${config_files})")
+    endif()
+  endforeach()
+  file(GLOB_RECURSE libs ${prefix_c}/*libcgx_c.so* ${prefix_c}/*libcgx_fortran.so* ${prefix_c}/*cgx.mod)
+  if(NOT libs MATCHES "libcgx_c[.]so")
+    message(FATAL_ERROR "[install_c] libcgx_c.so is not installed")
+  endif()
+  if(CGX_HAS_FORTRAN AND NOT (libs MATCHES "libcgx_fortran[.]so" AND libs MATCHES "/cgx/fortran/cgx[.]mod"))
+    message(FATAL_ERROR "[install_c] the Fortran module is not installed (found: ${libs})")
+  endif()
+  if(NOT EXISTS ${prefix_c}/include/cgx/c.h)
+    message(FATAL_ERROR "[install_c] include/cgx/c.h is not installed")
+  endif()
+  foreach(f IN LISTS config_files)
+    file(READ ${f} text)
+    foreach(bad ${CGX_SOURCE_DIR} ${CGX_OUTER_BINARY_DIR} ${dir}/stage)
+      string(FIND "${text}" "${bad}" at)
+      if(NOT at EQUAL -1)
+        message(FATAL_ERROR "[install_c] ${f} names ${bad}: the package is not relocatable")
+      endif()
+    endforeach()
+  endforeach()
+  list(LENGTH libs nl)
+  message(STATUS "[install_c] ${nl} library and module files, ${want} in ${prefix_c}; relocatable")
+
+elseif(MODE STREQUAL "find_package_c" OR MODE STREQUAL "find_package_fortran")
+  if(NOT EXISTS ${prefix_c}/include/cgx/c.h)
+    message(FATAL_ERROR "[${MODE}] no package in ${prefix_c}: run the package.install_c test first")
+  endif()
+  # The settings of every project here (the C++ ones go unused), the C compiler and MPI's C wrapper.
+  set(lang_args ${common} --no-warn-unused-cli -DCMAKE_C_COMPILER=${CGX_C_COMPILER})
+  if(CGX_MPI_C_COMPILER)
+    list(APPEND lang_args -DMPI_C_COMPILER=${CGX_MPI_C_COMPILER})
+  endif()
+  if(MODE STREQUAL "find_package_c")
+    set(src ${CGX_SOURCE_DIR}/tests/package/consumer_c)
+    set(exe cgx_consumer_c)
+    set(ok "cgx C consumer OK: 2 ranks")
+  else()
+    set(src ${CGX_SOURCE_DIR}/tests/package/consumer_fortran)
+    set(exe cgx_consumer_fortran)
+    set(ok "cgx Fortran consumer OK: 2 ranks")
+    list(APPEND lang_args -DCMAKE_Fortran_COMPILER=${CGX_Fortran_COMPILER})
+    if(CGX_MPI_Fortran_COMPILER)
+      list(APPEND lang_args -DMPI_Fortran_COMPILER=${CGX_MPI_Fortran_COMPILER})
+    endif()
+  endif()
+  step("configure consumer (${MODE})"
+       COMMAND ${CMAKE_COMMAND} -S ${src} -B ${dir}/build ${lang_args} -DCGX_EXPECTED_VERSION=${CGX_VERSION}
+               -DCMAKE_PREFIX_PATH=${prefix_c} -DCGX_EXPECTED_PREFIX=${prefix_c})
+  step("build consumer" COMMAND ${CMAKE_COMMAND} --build ${dir}/build)
+  step("run consumer on 2 ranks" MATCH "${ok}"
+       COMMAND ${CGX_MPIEXEC_EXECUTABLE} ${CGX_MPIEXEC_NUMPROC_FLAG} 2 ${CGX_MPIEXEC_EXTRA} ${CGX_MPIEXEC_PREFLAGS}
+               ${dir}/build/${exe} ${CGX_MPIEXEC_POSTFLAGS})
+  message(STATUS "[${MODE}] ${step_output}")
+  if(MODE STREQUAL "find_package_c")
+    # The C++-only installation has no cgx::c: COMPONENTS c with REQUIRED fails, saying why.
+    step("configure consumer (COMPONENTS c, a package without it) fails"
+         EXPECT_FAIL MATCH "installed[ \n]+without[ \n]+its[ \n]+C[ \n]+library"
+         COMMAND ${CMAKE_COMMAND} -S ${src} -B ${dir}/build-missing ${lang_args} -DCGX_EXPECTED_VERSION=${CGX_VERSION}
+                 -DCMAKE_PREFIX_PATH=${prefix} -DCGX_EXPECTED_PREFIX=${prefix})
+  endif()
 
 else()
   message(FATAL_ERROR "consume.cmake: unknown MODE '${MODE}'")

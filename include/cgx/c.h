@@ -1,0 +1,195 @@
+#ifndef CGX_C_H
+#define CGX_C_H
+/** \file c.h
+ * The C API of cgx (C99; also usable from C++): a compressed allreduce and an
+ * error-bounded allreduce over an MPI communicator, for codes that cannot instantiate
+ * C++ templates. It is a compiled library, `cgx_c` (CMake target `cgx::c`,
+ * `find_package(cgx COMPONENTS c)`), built from the C++ headers; the Fortran module
+ * `cgx` (`use cgx`) is written over it.
+ *
+ * Conventions:
+ * - Every function returns a cgx_errc: CGX_OK (0) on success, else the category of
+ *   the failure; cgx_last_error() then gives its message (per thread). No C++
+ *   exception ever crosses this interface (an allocation failure is CGX_ERR_NO_MEMORY).
+ * - An allreduce that refuses to run (a bad argument, a count above the plan's
+ *   capacity, a datatype other than the plan's, a mismatch found before data moves)
+ *   leaves the caller's buffer untouched. After a failure *inside* a call (a peer
+ *   failed, a timeout, a mismatch found in-band) the buffer may hold partial results
+ *   and the plan refuses every later call: destroy it and create a new one.
+ * - "Collective" functions must be called by every rank of the plan's communicator, in
+ *   the same order, with the same arguments (count, bound, configuration).
+ * - A plan duplicates the communicator it is given; destroy every plan before
+ *   MPI_Finalize.
+ *
+ * The compiled set (the C++ templates instantiated in the library):
+ * - bits 1..8 (cgx::quant::maxmin), value types float and double, rounding stochastic
+ *   or nearest, schedules SRA (scatter-reduce-allgather) and ring;
+ * - bucket sizes (values per max-min bucket): **128 and 1024 only**
+ *   (CGX_BUCKET_SMALL, CGX_BUCKET_DEFAULT). Any other bucket is refused by
+ *   cgx_allreduce_create with CGX_ERR_INVALID_ARGUMENT; cgx_bucket_supported() asks;
+ * - the error-bounded allreduce: cgx::quant::error_bounded<1024> with SRA or ring.
+ */
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Exported from the shared library, which hides every other symbol. */
+#if defined(CGX_C_BUILDING) && defined(__GNUC__)
+#define CGX_C_API __attribute__((visibility("default")))
+#else
+#define CGX_C_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** What went wrong. CGX_ERR_INVALID_ARGUMENT .. CGX_ERR_TIMEOUT mirror cgx::errc (in
+ * its order, plus one); the last two have no C++ counterpart. */
+typedef enum cgx_errc {
+  CGX_OK = 0,                   /**< success */
+  CGX_ERR_INVALID_ARGUMENT = 1, /**< a null pointer or buffer, a count above capacity, a bad configuration (bits, bucket, ...), the wrong datatype */
+  CGX_ERR_MISMATCH = 2,         /**< ranks disagree on a collective's arguments (count, bound, plan) */
+  CGX_ERR_WORKSPACE = 3,        /**< the plan's workspace cannot be allocated */
+  CGX_ERR_COMMUNICATOR = 4,     /**< a null or unusable communicator (MPI_COMM_NULL, an inter-communicator, MPI not initialized) */
+  CGX_ERR_TRANSPORT = 5,        /**< MPI reported a failure */
+  CGX_ERR_CUDA = 6,             /**< a CUDA runtime call failed (not raised by this host-only API) */
+  CGX_ERR_CORRUPT = 7,          /**< a received message is malformed or fails its integrity check */
+  CGX_ERR_PEER_FAILED = 8,      /**< another rank failed inside this call (it told this rank so) */
+  CGX_ERR_TIMEOUT = 9,          /**< a wait exceeded the plan's timeout_ms */
+  CGX_ERR_NO_MEMORY = 10,       /**< an allocation other than the workspace failed (std::bad_alloc) */
+  CGX_ERR_INTERNAL = 11         /**< any other failure inside the library (a bug: please report it) */
+} cgx_errc;
+
+/** The value type of a plan's buffers. */
+typedef enum cgx_datatype { CGX_FLOAT = 0, CGX_DOUBLE = 1 } cgx_datatype;
+/** Rounding of cgx::quant::maxmin: stochastic (unbiased; CGX's) or to nearest. */
+typedef enum cgx_rounding { CGX_STOCHASTIC = 0, CGX_NEAREST = 1 } cgx_rounding;
+/** The schedule: scatter-reduce-allgather (CGX's) or ring. */
+typedef enum cgx_schedule { CGX_SRA = 0, CGX_RING = 1 } cgx_schedule;
+/** How much a call checks before data moves (cgx::checking). AUTOMATIC: collective
+ * in a library built without NDEBUG, local in a release build (the default build). */
+typedef enum cgx_checking { CGX_CHECK_AUTOMATIC = 0, CGX_CHECK_LOCAL = 1, CGX_CHECK_COLLECTIVE = 2 } cgx_checking;
+
+/** The bucket of CGX's default configuration. */
+#define CGX_BUCKET_DEFAULT ((size_t)1024)
+/** The other compiled bucket (finer scales, more metadata). */
+#define CGX_BUCKET_SMALL ((size_t)128)
+/** native_below_bytes: let the plan pick its threshold (cgx::auto_threshold). */
+#define CGX_AUTO_THRESHOLD ((size_t)-1)
+/** timeout_ms: the library's default wait limit (10 minutes, or CGX_TIMEOUT_MS). */
+#define CGX_DEFAULT_TIMEOUT ((int64_t)-1)
+
+/** The options every plan takes (cgx::plan_options). Fill with cgx_options_init. */
+typedef struct cgx_options {
+  cgx_checking check;        /**< argument checking; CGX_CHECK_AUTOMATIC */
+  uint64_t seed;             /**< seed of stochastic rounding (ranks may differ) */
+  int threads;               /**< host threads for (de)compression, per rank; 1 */
+  size_t native_below_bytes; /**< calls of fewer bytes go through MPI_Allreduce, exact; CGX_AUTO_THRESHOLD picks (16 MiB on one node, 64 KiB across nodes; error-bounded: every call on one node); 0: always compress */
+  int64_t timeout_ms;        /**< the longest one wait may last, ms; 0: no limit; CGX_DEFAULT_TIMEOUT */
+  int verify;                /**< nonzero: checksum every message (CRC-32C); every rank the same; 0 */
+} cgx_options;
+
+/** The configuration of a compressed (max-min) allreduce. Fill with cgx_allreduce_config_init. */
+typedef struct cgx_allreduce_config {
+  cgx_datatype type;     /**< CGX_FLOAT (default) or CGX_DOUBLE */
+  int bits;              /**< 1..8; 4 */
+  size_t bucket;         /**< CGX_BUCKET_DEFAULT (1024) or CGX_BUCKET_SMALL (128) */
+  cgx_rounding rounding; /**< CGX_STOCHASTIC (default) or CGX_NEAREST */
+  cgx_schedule schedule; /**< CGX_SRA (default) or CGX_RING */
+  size_t max_count;      /**< the largest count a call may pass (sizes the workspace); 0 */
+  cgx_options options;   /**< as cgx_options_init */
+} cgx_allreduce_config;
+
+/** The configuration of an error-bounded allreduce. Fill with cgx_error_bounded_config_init. */
+typedef struct cgx_error_bounded_config {
+  cgx_datatype type;     /**< CGX_DOUBLE (default) or CGX_FLOAT */
+  cgx_schedule schedule; /**< CGX_SRA (default) or CGX_RING */
+  size_t max_count;      /**< the largest count a call may pass; 0 */
+  cgx_options options;   /**< as cgx_options_init */
+} cgx_error_bounded_config;
+
+/** What the last call of a plan did, on this rank. */
+typedef struct cgx_stats {
+  size_t count;            /**< values of the last call */
+  int native;              /**< 1: it went through MPI_Allreduce, uncompressed and exact (below native_below_bytes) */
+  uint32_t calls;          /**< compressed calls of the plan so far (native ones are not counted) */
+  double seconds;          /**< wall time of the last call on this rank (run, or start to the end of wait) */
+  size_t raw_bytes;        /**< count * sizeof(value) */
+  size_t compressed_bytes; /**< max-min: the compressed size of count values (buckets' scales and codes); error-bounded: the bytes this rank sent (payloads and 8-byte length headers); 0 when native */
+  size_t schedule_raw_bytes; /**< error-bounded: the bytes the same schedule sends uncompressed, this rank; max-min: 0 */
+  double bound;            /**< error-bounded: the bound asked for (absolute); max-min: 0 */
+  double step_bound;       /**< error-bounded: the bound each quantization got; max-min: 0 */
+} cgx_stats;
+
+/** A compressed allreduce plan (cgx::allreduce_plan behind it). */
+typedef struct cgx_allreduce_plan cgx_allreduce_plan;
+/** An error-bounded allreduce plan (cgx::error_bounded_plan behind it). */
+typedef struct cgx_error_bounded_plan cgx_error_bounded_plan;
+
+/** The message of the last failed call on this thread ("" when the last call of this
+ * thread succeeded). Valid until this thread's next call of the API. */
+CGX_C_API const char* cgx_last_error(void);
+/** A short name of a code ("CGX_ERR_MISMATCH", ...); "unknown" for other values. */
+CGX_C_API const char* cgx_errc_name(int code);
+/** The library's version, "major.minor.patch". */
+CGX_C_API const char* cgx_version(void);
+/** 1 if `bucket` is compiled in (128 or 1024), else 0. */
+CGX_C_API int cgx_bucket_supported(size_t bucket);
+
+/** The defaults of cgx_options (cgx::plan_options{}). */
+CGX_C_API void cgx_options_init(cgx_options* o);
+/** The defaults: float, 4 bits, bucket 1024, stochastic, SRA, max_count 0, default options. */
+CGX_C_API void cgx_allreduce_config_init(cgx_allreduce_config* c);
+/** The defaults: double, SRA, max_count 0, default options. */
+CGX_C_API void cgx_error_bounded_config_init(cgx_error_bounded_config* c);
+
+/** Collective over `comm`: a plan for up to c->max_count values; *plan is NULL on
+ * failure. CGX_ERR_INVALID_ARGUMENT for bits outside 1..8, a bucket not compiled in, an
+ * unknown type, rounding, schedule or checking level, threads < 1, a timeout above
+ * 2^32 - 1 ms; CGX_ERR_COMMUNICATOR for MPI_COMM_NULL; CGX_ERR_WORKSPACE when the
+ * workspace cannot be allocated. */
+CGX_C_API cgx_errc cgx_allreduce_create(MPI_Comm comm, const cgx_allreduce_config* c, cgx_allreduce_plan** plan);
+/** As cgx_allreduce_create, with a Fortran communicator handle (MPI_Comm_f2c). */
+CGX_C_API cgx_errc cgx_allreduce_create_f(MPI_Fint comm, const cgx_allreduce_config* c, cgx_allreduce_plan** plan);
+/** Collective: sums buf[0..count) over the ranks, in place, blocking; `type` must be the
+ * plan's. Every rank ends with the same bits; the error bound is that of the schedule
+ * (include/cgx/comm/scatter_reduce_allgather.hpp, ring.hpp). */
+CGX_C_API cgx_errc cgx_allreduce(cgx_allreduce_plan* plan, void* buf, size_t count, cgx_datatype type);
+/** Collective: starts the same sum on a background thread and returns; buf must not be
+ * touched until cgx_allreduce_wait. MPI must provide MPI_THREAD_SERIALIZED (then make no
+ * MPI call until the wait) or MPI_THREAD_MULTIPLE; else CGX_ERR_TRANSPORT. Bad
+ * arguments are refused here, buf untouched. */
+CGX_C_API cgx_errc cgx_allreduce_start(cgx_allreduce_plan* plan, void* buf, size_t count, cgx_datatype type);
+/** Completes the sum begun by cgx_allreduce_start and returns its outcome (CGX_OK
+ * when none is in flight). */
+CGX_C_API cgx_errc cgx_allreduce_wait(cgx_allreduce_plan* plan);
+/** What the plan's last successful call did, on this rank (zeros before the first). */
+CGX_C_API cgx_errc cgx_allreduce_stats(const cgx_allreduce_plan* plan, cgx_stats* stats);
+/** The threshold in use (see cgx_options::native_below_bytes). */
+CGX_C_API cgx_errc cgx_allreduce_native_below_bytes(const cgx_allreduce_plan* plan, size_t* bytes);
+/** Frees the plan (NULL: nothing). A reduction still in flight is waited for first
+ * (its outcome is returned). Not collective, but a plan in flight needs its peers. */
+CGX_C_API cgx_errc cgx_allreduce_destroy(cgx_allreduce_plan* plan);
+
+/** Collective over `comm`: an error-bounded plan for up to c->max_count values. */
+CGX_C_API cgx_errc cgx_error_bounded_create(MPI_Comm comm, const cgx_error_bounded_config* c, cgx_error_bounded_plan** plan);
+/** As cgx_error_bounded_create, with a Fortran communicator handle (MPI_Comm_f2c). */
+CGX_C_API cgx_errc cgx_error_bounded_create_f(MPI_Fint comm, const cgx_error_bounded_config* c, cgx_error_bounded_plan** plan);
+/** Collective: sums buf[0..count) over the ranks, in place, blocking, so that every
+ * element of the result is within `bound` (absolute, finite, > 0) of the exact sum, up
+ * to the rounding of the sum itself (include/cgx/error_bounded_plan.hpp). Every rank
+ * passes the same count and bound. Blocking only: there is no start/wait form. */
+CGX_C_API cgx_errc cgx_error_bounded_allreduce(cgx_error_bounded_plan* plan, void* buf, size_t count, cgx_datatype type,
+                                     double bound);
+/** What the plan's last successful call did, on this rank (zeros before the first). */
+CGX_C_API cgx_errc cgx_error_bounded_stats(const cgx_error_bounded_plan* plan, cgx_stats* stats);
+/** Frees the plan (NULL: nothing). */
+CGX_C_API cgx_errc cgx_error_bounded_destroy(cgx_error_bounded_plan* plan);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* CGX_C_H */

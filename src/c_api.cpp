@@ -1,0 +1,428 @@
+// The C functions of include/cgx/c.h over the type-erased plans of c_plans.hpp. Every
+// function catches everything (cgx::error, std::bad_alloc, any other exception) and
+// returns a code, with its message in a thread_local string for cgx_last_error().
+#include "c_plans.hpp"
+
+#include <cgx/config.hpp>
+#include <cgx/error.hpp>
+#include <cgx/plan_common.hpp>
+#include <cgx/quant/rounding.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <initializer_list>
+#include <iterator>
+#include <memory>
+#include <new>
+#include <string>
+
+namespace cgx::c_api {
+
+template <class T, class Rounding>
+std::unique_ptr<allreduce_iface> make_allreduce(MPI_Comm comm, const allreduce_spec& s, const plan_options& o);
+
+namespace {
+
+// The C codes mirror cgx::errc, one up (0 is CGX_OK).
+constexpr cgx_errc code_of(errc e) noexcept { return static_cast<cgx_errc>(static_cast<int>(e) + 1); }
+static_assert(code_of(errc::invalid_argument) == CGX_ERR_INVALID_ARGUMENT && code_of(errc::mismatch) == CGX_ERR_MISMATCH &&
+                  code_of(errc::workspace) == CGX_ERR_WORKSPACE && code_of(errc::communicator) == CGX_ERR_COMMUNICATOR &&
+                  code_of(errc::transport) == CGX_ERR_TRANSPORT && code_of(errc::cuda) == CGX_ERR_CUDA &&
+                  code_of(errc::corrupt) == CGX_ERR_CORRUPT && code_of(errc::peer_failed) == CGX_ERR_PEER_FAILED &&
+                  code_of(errc::timeout) == CGX_ERR_TIMEOUT,
+              "include/cgx/c.h: cgx_errc no longer mirrors cgx::errc");
+
+// The message of this thread's last failed call. `fixed` is used when the message itself
+// cannot be stored (no memory for it).
+thread_local std::string last_message;
+thread_local const char* last_fixed = nullptr;
+
+cgx_errc fail(cgx_errc code, const char* what) noexcept {
+  try {
+    last_message = what;
+    last_fixed = nullptr;
+  } catch (...) {
+    last_fixed = "cgx: a call failed, and its message could not be stored (out of memory)";
+  }
+  return code;
+}
+
+// Runs f, turning every exception into a code and this thread's message.
+template <class F>
+cgx_errc guarded(F&& f) noexcept {
+  last_message.clear();
+  last_fixed = nullptr;
+  try {
+    f();
+    return CGX_OK;
+  } catch (const cgx::error& e) {
+    return fail(code_of(e.code()), e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(CGX_ERR_NO_MEMORY, "cgx: out of memory (std::bad_alloc)");
+  } catch (const std::exception& e) {
+    try {
+      return fail(CGX_ERR_INTERNAL, (std::string("cgx: unexpected failure: ") + e.what()).c_str());
+    } catch (...) {
+      return fail(CGX_ERR_INTERNAL, "cgx: unexpected failure");
+    }
+  } catch (...) {
+    return fail(CGX_ERR_INTERNAL, "cgx: unexpected failure (an exception of unknown type)");
+  }
+}
+
+[[noreturn]] void refuse(const std::string& what) { throw error(errc::invalid_argument, what); }
+
+bool bucket_ok(std::size_t b) {
+  return std::find(std::begin(compiled_buckets), std::end(compiled_buckets), b) != std::end(compiled_buckets);
+}
+
+plan_options to_options(const cgx_options& c, const char* who) {
+  plan_options o;
+  switch (c.check) {
+    case CGX_CHECK_AUTOMATIC: o.check = checking::automatic; break;
+    case CGX_CHECK_LOCAL: o.check = checking::local; break;
+    case CGX_CHECK_COLLECTIVE: o.check = checking::collective; break;
+    default: refuse(std::string(who) + ": options.check " + std::to_string(static_cast<int>(c.check)) +
+                    " is not a cgx_checking value");
+  }
+  o.seed = c.seed;
+  o.threads = c.threads;
+  if (c.threads < 1) refuse(std::string(who) + ": options.threads must be >= 1 (got " + std::to_string(c.threads) + ")");
+  o.native_below_bytes = c.native_below_bytes == CGX_AUTO_THRESHOLD ? auto_threshold : c.native_below_bytes;
+  if (c.timeout_ms != CGX_DEFAULT_TIMEOUT) {
+    if (c.timeout_ms < 0 || c.timeout_ms > static_cast<std::int64_t>(UINT32_MAX))
+      refuse(std::string(who) + ": options.timeout_ms " + std::to_string(c.timeout_ms) +
+             " is outside 0..4294967295 (or CGX_DEFAULT_TIMEOUT)");
+    o.timeout_ms = static_cast<std::uint32_t>(c.timeout_ms);
+  }
+  o.verify = c.verify != 0;
+  return o;
+}
+
+void check_type(cgx_datatype t, const char* who) {
+  if (t != CGX_FLOAT && t != CGX_DOUBLE)
+    refuse(std::string(who) + ": type " + std::to_string(static_cast<int>(t)) + " is not CGX_FLOAT or CGX_DOUBLE");
+}
+
+void check_schedule(cgx_schedule s, const char* who) {
+  if (s != CGX_SRA && s != CGX_RING)
+    refuse(std::string(who) + ": schedule " + std::to_string(static_cast<int>(s)) + " is not CGX_SRA or CGX_RING");
+}
+
+// A hash of a configuration, for the agreement below.
+std::int64_t mix(std::int64_t h, std::uint64_t v) {
+  std::uint64_t x = static_cast<std::uint64_t>(h) ^ (v + 0x9E3779B97F4A7C15ull + (static_cast<std::uint64_t>(h) << 6));
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  return static_cast<std::int64_t>(x ^ (x >> 29));
+}
+
+// The hash of a configuration: its fields `v` and the options every rank must share.
+std::int64_t config_hash(std::int64_t h, std::initializer_list<std::uint64_t> v, const cgx_options& o) {
+  for (std::uint64_t x : v) h = mix(h, x);
+  h = mix(h, static_cast<std::uint64_t>(o.check));
+  h = mix(h, o.native_below_bytes);
+  h = mix(h, static_cast<std::uint64_t>(o.timeout_ms));
+  return mix(h, static_cast<std::uint64_t>(o.verify != 0));
+}
+
+// The arguments every create function checks first: *plan is NULL from here on.
+template <class Plan, class Config>
+void check_create(Plan** plan, const Config* c, const char* who) {
+  if (plan == nullptr) refuse(std::string(who) + ": plan (the pointer to the result) is NULL");
+  *plan = nullptr;
+  if (c == nullptr) refuse(std::string(who) + ": the configuration is NULL");
+}
+
+// Collective over comm: every rank says whether its own configuration was refused
+// (`local_error`: its message) and the hash of its configuration, so that a creation
+// refused on some ranks, or configured differently on some, fails on every rank instead
+// of leaving the others inside the plan's collective construction. Throws on failure.
+void agree(MPI_Comm comm, const char* who, std::int64_t hash, const std::string& local_error, errc local_code) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized)
+    throw error(errc::communicator, std::string(who) + ": MPI is not initialized (or already finalized)");
+  if (comm == MPI_COMM_NULL) throw error(errc::communicator, std::string(who) + ": the communicator is MPI_COMM_NULL");
+  int inter = 0;
+  if (MPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || inter)
+    throw error(errc::communicator, std::string(who) + ": the communicator is not a usable intra-communicator");
+  const std::int64_t bad = local_error.empty() ? 0 : 1;
+  std::int64_t mine[3] = {bad, hash, -hash}, all[3] = {0, 0, 0};
+  if (MPI_Allreduce(mine, all, 3, MPI_INT64_T, MPI_MAX, comm) != MPI_SUCCESS)
+    throw error(errc::transport, std::string(who) + ": MPI_Allreduce of the configurations failed");
+  if (bad) throw error(local_code, local_error);
+  if (all[0] != 0)
+    throw error(errc::invalid_argument,
+                std::string(who) + ": another rank's configuration was refused (see its message); no plan was made");
+  if (all[1] != hash || -all[2] != hash)
+    throw error(errc::mismatch, std::string(who) + ": the ranks passed different configurations (type, bits, bucket, "
+                                                   "rounding, schedule, max_count or options); no plan was made");
+}
+
+// Runs `check` (which throws cgx::error for a bad configuration), then agree().
+template <class Check>
+void validate_collectively(MPI_Comm comm, const char* who, std::int64_t hash, Check&& check) {
+  std::string message;
+  errc code = errc::invalid_argument;
+  try {
+    check();
+  } catch (const error& e) {
+    message = e.what();
+    code = e.code();
+  }
+  agree(comm, who, hash, message, code);
+}
+
+std::size_t size_of(cgx_datatype t) { return t == CGX_FLOAT ? sizeof(float) : sizeof(double); }
+
+const char* type_name(cgx_datatype t) { return t == CGX_FLOAT ? "CGX_FLOAT" : "CGX_DOUBLE"; }
+
+void check_call(cgx_datatype plan_type, cgx_datatype type, const void* plan, const char* who) {
+  if (plan == nullptr) refuse(std::string(who) + ": the plan is NULL");
+  if (type != plan_type)
+    refuse(std::string(who) + ": the buffer's type (" + (type == CGX_FLOAT || type == CGX_DOUBLE ? type_name(type) : "not a cgx_datatype") +
+           ") is not the plan's (" + type_name(plan_type) + "); the buffer is untouched");
+}
+
+}  // namespace
+}  // namespace cgx::c_api
+
+using namespace cgx::c_api;  // NOLINT: this file defines the C API
+
+struct cgx_allreduce_plan {
+  std::unique_ptr<allreduce_iface> impl;
+  cgx_datatype type = CGX_FLOAT;
+  cgx_stats stats{};
+  std::size_t pending = 0;   // count of the call in flight (start .. wait)
+  double started = 0;        // MPI_Wtime() at its start
+};
+
+struct cgx_error_bounded_plan {
+  std::unique_ptr<error_bounded_iface> impl;
+  cgx_datatype type = CGX_DOUBLE;
+  cgx_stats stats{};
+  std::uint32_t calls = 0;
+};
+
+extern "C" {
+
+const char* cgx_last_error(void) { return last_fixed != nullptr ? last_fixed : last_message.c_str(); }
+
+const char* cgx_errc_name(int code) {
+  switch (code) {
+    case CGX_OK: return "CGX_OK";
+    case CGX_ERR_INVALID_ARGUMENT: return "CGX_ERR_INVALID_ARGUMENT";
+    case CGX_ERR_MISMATCH: return "CGX_ERR_MISMATCH";
+    case CGX_ERR_WORKSPACE: return "CGX_ERR_WORKSPACE";
+    case CGX_ERR_COMMUNICATOR: return "CGX_ERR_COMMUNICATOR";
+    case CGX_ERR_TRANSPORT: return "CGX_ERR_TRANSPORT";
+    case CGX_ERR_CUDA: return "CGX_ERR_CUDA";
+    case CGX_ERR_CORRUPT: return "CGX_ERR_CORRUPT";
+    case CGX_ERR_PEER_FAILED: return "CGX_ERR_PEER_FAILED";
+    case CGX_ERR_TIMEOUT: return "CGX_ERR_TIMEOUT";
+    case CGX_ERR_NO_MEMORY: return "CGX_ERR_NO_MEMORY";
+    case CGX_ERR_INTERNAL: return "CGX_ERR_INTERNAL";
+    default: return "unknown";
+  }
+}
+
+#define CGX_C_STR2(x) #x
+#define CGX_C_STR(x) CGX_C_STR2(x)
+const char* cgx_version(void) {
+  return CGX_C_STR(CGX_VERSION_MAJOR) "." CGX_C_STR(CGX_VERSION_MINOR) "." CGX_C_STR(CGX_VERSION_PATCH);
+}
+
+int cgx_bucket_supported(size_t bucket) { return bucket_ok(bucket) ? 1 : 0; }
+
+void cgx_options_init(cgx_options* o) {
+  if (o == nullptr) return;
+  const cgx::plan_options d{};
+  o->check = CGX_CHECK_AUTOMATIC;
+  o->seed = d.seed;
+  o->threads = d.threads;
+  o->native_below_bytes = CGX_AUTO_THRESHOLD;
+  o->timeout_ms = CGX_DEFAULT_TIMEOUT;
+  o->verify = 0;
+}
+
+void cgx_allreduce_config_init(cgx_allreduce_config* c) {
+  if (c == nullptr) return;
+  c->type = CGX_FLOAT;
+  c->bits = 4;
+  c->bucket = CGX_BUCKET_DEFAULT;
+  c->rounding = CGX_STOCHASTIC;
+  c->schedule = CGX_SRA;
+  c->max_count = 0;
+  cgx_options_init(&c->options);
+}
+
+void cgx_error_bounded_config_init(cgx_error_bounded_config* c) {
+  if (c == nullptr) return;
+  c->type = CGX_DOUBLE;
+  c->schedule = CGX_SRA;
+  c->max_count = 0;
+  cgx_options_init(&c->options);
+}
+
+cgx_errc cgx_allreduce_create(MPI_Comm comm, const cgx_allreduce_config* c, cgx_allreduce_plan** plan) {
+  return guarded([&] {
+    static const char* const who = "cgx_allreduce_create";
+    check_create(plan, c, who);
+    cgx::plan_options o;
+    const std::int64_t h = config_hash(1, {static_cast<std::uint64_t>(c->type), static_cast<std::uint64_t>(c->bits),
+                                          c->bucket, static_cast<std::uint64_t>(c->rounding),
+                                          static_cast<std::uint64_t>(c->schedule), c->max_count},
+                                       c->options);
+    validate_collectively(comm, who, h, [&] {
+      check_type(c->type, who);
+      if (c->bits < 1 || c->bits > 8)
+        refuse(std::string(who) + ": bits " + std::to_string(c->bits) + " is outside 1..8");
+      if (!bucket_ok(c->bucket))
+        refuse(std::string(who) + ": bucket " + std::to_string(c->bucket) +
+               " is not compiled into the C library (use 128 or 1024: CGX_BUCKET_SMALL, CGX_BUCKET_DEFAULT)");
+      if (c->rounding != CGX_STOCHASTIC && c->rounding != CGX_NEAREST)
+        refuse(std::string(who) + ": rounding " + std::to_string(static_cast<int>(c->rounding)) +
+               " is not CGX_STOCHASTIC or CGX_NEAREST");
+      check_schedule(c->schedule, who);
+      o = to_options(c->options, who);
+    });
+    const allreduce_spec s{c->bits, c->bucket, c->schedule, c->max_count};
+    auto p = std::make_unique<cgx_allreduce_plan>();
+    p->type = c->type;
+    if (c->type == CGX_FLOAT)
+      p->impl = c->rounding == CGX_NEAREST ? make_allreduce<float, cgx::quant::nearest>(comm, s, o)
+                                           : make_allreduce<float, cgx::quant::stochastic>(comm, s, o);
+    else
+      p->impl = c->rounding == CGX_NEAREST ? make_allreduce<double, cgx::quant::nearest>(comm, s, o)
+                                           : make_allreduce<double, cgx::quant::stochastic>(comm, s, o);
+    *plan = p.release();
+  });
+}
+
+cgx_errc cgx_allreduce_create_f(MPI_Fint comm, const cgx_allreduce_config* c, cgx_allreduce_plan** plan) {
+  return cgx_allreduce_create(MPI_Comm_f2c(comm), c, plan);
+}
+
+static void record(cgx_allreduce_plan* p, std::size_t n, double seconds) {
+  cgx_stats s{};
+  s.count = n;
+  s.native = n * size_of(p->type) < p->impl->native_below_bytes() ? 1 : 0;
+  s.calls = p->impl->calls();
+  s.seconds = seconds;
+  s.raw_bytes = n * size_of(p->type);
+  s.compressed_bytes = s.native ? 0 : p->impl->compressed_bytes(n);
+  p->stats = s;
+}
+
+cgx_errc cgx_allreduce(cgx_allreduce_plan* plan, void* buf, size_t count, cgx_datatype type) {
+  return guarded([&] {
+    check_call(plan != nullptr ? plan->type : type, type, plan, "cgx_allreduce");
+    const double t0 = MPI_Wtime();
+    plan->impl->run(buf, count);
+    record(plan, count, MPI_Wtime() - t0);
+  });
+}
+
+cgx_errc cgx_allreduce_start(cgx_allreduce_plan* plan, void* buf, size_t count, cgx_datatype type) {
+  return guarded([&] {
+    check_call(plan != nullptr ? plan->type : type, type, plan, "cgx_allreduce_start");
+    const double t0 = MPI_Wtime();
+    plan->impl->start(buf, count);
+    plan->pending = count;
+    plan->started = t0;
+  });
+}
+
+cgx_errc cgx_allreduce_wait(cgx_allreduce_plan* plan) {
+  return guarded([&] {
+    if (plan == nullptr) refuse("cgx_allreduce_wait: the plan is NULL");
+    if (!plan->impl->in_flight()) return;
+    plan->impl->wait();
+    record(plan, plan->pending, MPI_Wtime() - plan->started);
+  });
+}
+
+cgx_errc cgx_allreduce_stats(const cgx_allreduce_plan* plan, cgx_stats* stats) {
+  return guarded([&] {
+    if (plan == nullptr || stats == nullptr) refuse("cgx_allreduce_stats: the plan or the result pointer is NULL");
+    *stats = plan->stats;
+  });
+}
+
+cgx_errc cgx_allreduce_native_below_bytes(const cgx_allreduce_plan* plan, size_t* bytes) {
+  return guarded([&] {
+    if (plan == nullptr || bytes == nullptr)
+      refuse("cgx_allreduce_native_below_bytes: the plan or the result pointer is NULL");
+    *bytes = plan->impl->native_below_bytes();
+  });
+}
+
+cgx_errc cgx_allreduce_destroy(cgx_allreduce_plan* plan) {
+  if (plan == nullptr) return guarded([] {});
+  const cgx_errc rc = plan->impl && plan->impl->in_flight() ? cgx_allreduce_wait(plan) : guarded([] {});
+  delete plan;  // the plan's destructors do not throw
+  return rc;
+}
+
+cgx_errc cgx_error_bounded_create(MPI_Comm comm, const cgx_error_bounded_config* c, cgx_error_bounded_plan** plan) {
+  return guarded([&] {
+    static const char* const who = "cgx_error_bounded_create";
+    check_create(plan, c, who);
+    cgx::plan_options o;
+    const std::int64_t h = config_hash(
+        2, {static_cast<std::uint64_t>(c->type), static_cast<std::uint64_t>(c->schedule), c->max_count}, c->options);
+    validate_collectively(comm, who, h, [&] {
+      check_type(c->type, who);
+      check_schedule(c->schedule, who);
+      o = to_options(c->options, who);
+    });
+    auto p = std::make_unique<cgx_error_bounded_plan>();
+    p->type = c->type;
+    p->impl = make_error_bounded(comm, c->type, c->schedule, c->max_count, o);
+    *plan = p.release();
+  });
+}
+
+cgx_errc cgx_error_bounded_create_f(MPI_Fint comm, const cgx_error_bounded_config* c, cgx_error_bounded_plan** plan) {
+  return cgx_error_bounded_create(MPI_Comm_f2c(comm), c, plan);
+}
+
+cgx_errc cgx_error_bounded_allreduce(cgx_error_bounded_plan* plan, void* buf, size_t count, cgx_datatype type,
+                                     double bound) {
+  return guarded([&] {
+    check_call(plan != nullptr ? plan->type : type, type, plan, "cgx_error_bounded_allreduce");
+    const double t0 = MPI_Wtime();
+    plan->impl->run(buf, count, bound);
+    const double t = MPI_Wtime() - t0;
+    const cgx::error_bounded_stats e = plan->impl->stats();
+    if (!e.native) ++plan->calls;
+    cgx_stats s{};
+    s.count = count;
+    s.native = e.native ? 1 : 0;
+    s.calls = plan->calls;
+    s.seconds = t;
+    s.raw_bytes = count * size_of(plan->type);
+    s.compressed_bytes = e.bytes_sent;
+    s.schedule_raw_bytes = e.raw_bytes;
+    s.bound = e.bound;
+    s.step_bound = e.step_bound;
+    plan->stats = s;
+  });
+}
+
+cgx_errc cgx_error_bounded_stats(const cgx_error_bounded_plan* plan, cgx_stats* stats) {
+  return guarded([&] {
+    if (plan == nullptr || stats == nullptr) refuse("cgx_error_bounded_stats: the plan or the result pointer is NULL");
+    *stats = plan->stats;
+  });
+}
+
+cgx_errc cgx_error_bounded_destroy(cgx_error_bounded_plan* plan) {
+  return guarded([&] { delete plan; });
+}
+
+}  // extern "C"
