@@ -20,6 +20,11 @@
 //                                      --enable-recovery; MPICH's -disable-auto-cleanup
 //                                      with each rank started through
 //                                      hydra_keep_survivors.sh)
+//   shm_crash --peer-dies-late FILE    the same, but rank 1 makes its call 500 ms late:
+//                                      rank 0 has found rank 2 dead and reported it by
+//                                      then, so rank 1 hears of the death before it can
+//                                      see it, and must throw the same error (the order
+//                                      that a loaded machine produces now and then)
 //
 // In the crash modes the launcher tears the job down; the script then checks what was
 // left in /dev/shm. Plans run their schedule at every size (no native fallback), so the
@@ -69,7 +74,8 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   const bool crash = argc > 2 && std::strcmp(argv[1], "--crash") == 0;
   const bool crash_in_ctor = argc > 2 && std::strcmp(argv[1], "--crash-in-constructor") == 0;
-  const bool peer_dies = argc > 2 && std::strcmp(argv[1], "--peer-dies") == 0;
+  const bool late = argc > 2 && std::strcmp(argv[1], "--peer-dies-late") == 0;
+  const bool peer_dies = argc > 2 && (std::strcmp(argv[1], "--peer-dies") == 0 || late);
   if (crash || crash_in_ctor || peer_dies) out_file = argv[2];
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -100,6 +106,7 @@ int main(int argc, char** argv) {
       std::signal(SIGUSR1, SIG_IGN);  // MPICH's launcher tells survivors of a failure with SIGUSR1
       MPI_Barrier(MPI_COMM_WORLD);
       if (rank == 2) std::raise(SIGKILL);
+      if (late && rank == 1) usleep(500000);
       std::string caught = "nothing";
       try {
         plan(v.data(), v.size());

@@ -7,7 +7,8 @@
 #   3. rank 2 killed while ranks 0 and 1 wait for it inside the transport (the launcher
 #      told to let survivors run: Open MPI's --enable-recovery, or MPICH's
 #      -disable-auto-cleanup with each rank started through hydra_keep_survivors.sh):
-#      they throw errc::transport naming it.
+#      they throw errc::transport naming it; also when rank 1 calls only after rank 0
+#      has found the death and reported it (--peer-dies-late).
 # A launcher that times out instead of ending the killed job is a failure.
 # Usage: shm_killed_job.sh PROGRAM MPIEXEC [LAUNCHER FLAGS...]
 set -u
@@ -56,15 +57,20 @@ else
   echo "PASS"
   exit 0
 fi
-timeout 60 "${launch[0]}" "${keep[@]}" "${launch[@]:1}" -n 3 "${rank[@]}" "$prog" --peer-dies "$out" >/dev/null 2>&1
-rc=$?
-if [ "$rc" -eq 124 ]; then echo "FAIL: the survivors of a dead peer hung (timeout)"; exit 1; fi
-for r in 0 1; do
-  caught=$(cat "$out.$r" 2>/dev/null)
-  echo "  --peer-dies: rank $r caught: ${caught:-nothing (it did not get there)}"
-  case "$caught" in
-    "transport: "*"peer rank 2 (pid"*) ;;
-    *) echo "FAIL: rank $r did not report the dead peer with errc::transport"; exit 1 ;;
-  esac
+# --peer-dies-late: rank 1 calls after rank 0 has reported the death, and must throw the
+# same error from the report.
+for mode in --peer-dies --peer-dies-late; do
+  rm -f "$out".0 "$out".1
+  timeout 60 "${launch[0]}" "${keep[@]}" "${launch[@]:1}" -n 3 "${rank[@]}" "$prog" "$mode" "$out" >/dev/null 2>&1
+  rc=$?
+  if [ "$rc" -eq 124 ]; then echo "FAIL: the survivors of a dead peer hung (timeout, $mode)"; exit 1; fi
+  for r in 0 1; do
+    caught=$(cat "$out.$r" 2>/dev/null)
+    echo "  $mode: rank $r caught: ${caught:-nothing (it did not get there)}"
+    case "$caught" in
+      "transport: "*"peer rank 2 (pid"*) ;;
+      *) echo "FAIL: rank $r did not report the dead peer with errc::transport ($mode)"; exit 1 ;;
+    esac
+  done
 done
 echo "PASS"

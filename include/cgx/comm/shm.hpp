@@ -324,7 +324,8 @@ class shm {
   [[nodiscard]] wait_limit wait_limit_value() const noexcept { return limit_; }
 
   /// Tells every peer that this rank's call failed (the segment's failure word, and
-  /// comm::mpi::abort); `waited_for`: for a timeout, the rank waited for, else -1. Never
+  /// comm::mpi::abort); `waited_for`: for a timeout, the rank waited for; for a dead peer,
+  /// that peer (heard() names it); else -1. Never
   /// throws.
   void abort(errc code, const std::string& why, int waited_for = -1) noexcept {
     if (!failed_) {
@@ -392,7 +393,8 @@ class shm {
   }
 
   /// Reads the failure word; a peer's report fails this transport (errc::peer_failed,
-  /// or the peer's errc::timeout / errc::corrupt), naming the ranks.
+  /// or the peer's errc::timeout / errc::corrupt; a dead peer's errc::transport), naming
+  /// the ranks.
   void heard() {
     if (failed_ || base_ == nullptr) return;
     const std::uint64_t w = failure_word()->load(std::memory_order_acquire);
@@ -401,9 +403,19 @@ class shm {
     const auto code = static_cast<errc>((w >> 16) & 0xffff);
     const int waited_for = static_cast<int>((w >> 32) & 0xffff) - 1;
     failed_ = true;
-    code_ = detail::reported_code(code);
-    what_ = "cgx::comm::shm (rank " + std::to_string(rank_) + "): " + detail::reported_failure(origin, code, waited_for) +
-            " inside a collective call; this call stopped waiting";
+    if (code == errc::transport && waited_for >= 0 && waited_for < size_) {
+      // A peer died (check_peers_alive named it): a fact about the job, not about the
+      // rank that saw it first, and this rank's transfers with it cannot complete either.
+      // The same error as that rank's, whichever of them looks first.
+      code_ = errc::transport;
+      what_ = "cgx::comm::shm (rank " + std::to_string(rank_) + "): peer rank " + std::to_string(waited_for) + " (pid " +
+              std::to_string(peer_pid_[static_cast<std::size_t>(waited_for)]) + ") died (rank " + std::to_string(origin) +
+              " found it gone) inside a collective call; this call stopped waiting";
+    } else {
+      code_ = detail::reported_code(code);
+      what_ = "cgx::comm::shm (rank " + std::to_string(rank_) + "): " + detail::reported_failure(origin, code, waited_for) +
+              " inside a collective call; this call stopped waiting";
+    }
     // The MPI transport underneath is failed too: peers' reports may still arrive on its
     // communicators, which it must then never free (see comm::mpi::release). It passes
     // the report on over MPI too (as a failing rank of its own does).
@@ -518,9 +530,9 @@ class shm {
       if (pid == 0 || !pending_with(r) || !process_gone(pid)) continue;
       while (progress()) {
       }
-      if (pending_with(r))
+      if (pending_with(r))  // reported naming r: a rank that hears it throws the same (heard())
         fail(errc::transport, "peer rank " + std::to_string(r) + " (pid " + std::to_string(pid) +
-                                  ") died while this rank waited for a transfer with it");
+                                  ") died while this rank waited for a transfer with it", r);
     }
   }
 
