@@ -39,100 +39,15 @@
 /// one exposed. The other transports would not need it; all use it (same bytes, same
 /// bits, twice the compressed size of workspace).
 
-#include <array>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
-#include <string>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "device_plan.cuh"
 #include "detail/checked.hpp"
 
 namespace cgx {
-
-/// What device_reduce_scatter_plan and device_allgather_plan share (public, so that its
-/// members appear on their pages): the transport, the device workspace sized for the
-/// largest max_count of any rank, the options, the call counter and the call flag.
-template <class T, class Q, class X>
-class device_plan_core {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, __half> ||
-                    std::is_same_v<T, __nv_bfloat16>,
-                "cgx::device_reduce_scatter_plan, cgx::device_allgather_plan: T must be float, double, __half or "
-                "__nv_bfloat16");
-  static_assert(detail::has_device_kernels<comm::runtime_of<comm::device_transport_t<X>>, Q>,
-                "cgx::device_reduce_scatter_plan, cgx::device_allgather_plan: Q must have CUDA kernels "
-                "(cgx::quant::maxmin<Bits, Bucket, Rounding> or cgx::quant::none)");
-
- public:
-  /// The transport the plan drives (comm::mpi_device for X = comm::mpi).
-  using device_transport_type = comm::device_transport_t<X>;
-  using value_type = T;      ///< the element type of the buffers
-  using quantizer_type = Q;  ///< the quantizer (codec) on the wire
-  using transport_type = X;  ///< the transport as given
-
-  device_plan_core(const device_plan_core&) = delete;
-  device_plan_core& operator=(const device_plan_core&) = delete;
-
-  /// The device transport.
-  device_transport_type& transport() noexcept { return x_; }
-  /// Largest count a call may pass.
-  std::size_t max_count() const noexcept { return max_count_; }
-  /// Number of calls so far (the stochastic-rounding call counter).
-  std::uint32_t calls() const noexcept { return calls_; }
-  /// The options the plan was made with (native_below_bytes and threads are ignored).
-  const plan_options& options() const noexcept { return opts_; }
-
- protected:
-  using runtime = comm::runtime_of<device_transport_type>;            ///< the runtime policy (comm/runtime.cuh)
-  using kernels = comm::device_kernels<Q, device_transport_type>;  ///< Q's kernels in that runtime
-
-  /// Collective: agrees on the largest max_count and has the transport reserve
-  /// `bytes(that count, ranks)` of device workspace on the device current now.
-  template <class Bytes>
-  device_plan_core(X transport, std::size_t max_count, plan_options opts, Bytes bytes)
-      : x_(std::move(transport)), max_count_(max_count), opts_(opts) {
-    std::array<std::int64_t, 1> most{static_cast<std::int64_t>(max_count)};
-    x_.max_all(most);
-    sized_count_ = static_cast<std::size_t>(most[0]);
-    ws_ = x_.reserve(bytes(sized_count_, x_.size()));
-  }
-
-  /// The argument check of a call (check_call): null or host buffers, counts above
-  /// max_count, and (collective checking) counts and plan types that differ.
-  void check(const char* who, std::int64_t sig, bool null_buffer, std::size_t n, bool not_device) {
-    detail::check_call(x_, opts_.check, who, null_buffer, n, max_count_, sig, not_device, [] {
-      return std::string("a buffer is not device (or managed) memory; use the host plan for host buffers");
-    });
-  }
-
-  /// The random state of the next call (the host plans' next_rng()).
-  quant::rng_state next_rng() noexcept {
-    quant::rng_state rng;
-    rng.seed = opts_.seed;
-    rng.counter = calls_++;
-    return rng;
-  }
-
-  /// The guard of a call: makes the transport's device current, where it has one, and
-  /// the caller's again at the end.
-  using device_guard = std::optional<comm::detail::basic_device_guard<runtime>>;
-  /// Makes the transport's device current for `on`'s lifetime, where it has one.
-  void on_device(device_guard& on) {
-    if constexpr (requires { x_.device(); }) on.emplace(x_.device());
-  }
-
-  device_transport_type x_;        ///< the device transport
-  std::size_t max_count_;          ///< largest count a call may pass
-  plan_options opts_;              ///< the options as given
-  std::size_t sized_count_ = 0;    ///< the largest max_count of any rank: the workspace's size
-  std::byte* ws_ = nullptr;        ///< the device workspace (the transport's)
-  std::uint32_t calls_ = 0;        ///< the call counter (next_rng())
-  std::atomic<bool> busy_{false};  ///< held by a call in progress (detail::call_guard)
-};
 
 /// Compressed reduce-scatter (sum) of up to `max_count` values of T in device memory
 /// (see the file comment). Every rank passes the whole buffer of n values and keeps its
@@ -174,7 +89,7 @@ class device_reduce_scatter_plan : public device_plan_core<T, Q, X> {
     typename core::device_guard on;
     this->on_device(on);
     this->check("device_reduce_scatter_plan", sig_, d_buf == nullptr, n,
-                detail::not_device_memory<typename core::runtime>(d_buf, n));
+                detail::not_device_memory<typename core::runtime>(d_buf, n), "reduce_scatter_plan");
     const std::size_t half = (this->calls_ % 2) * schedule_type::workspace_bytes(this->sized_count_, this->x_.size());
     sched_.run(d_buf, n, this->sized_count_, this->x_, this->ws_, this->next_rng(), stream, /*gather=*/false, half);
   }
@@ -223,7 +138,8 @@ class device_allgather_plan : public device_plan_core<T, Q, X> {
     this->on_device(on);
     using RT = typename core::runtime;
     this->check("device_allgather_plan", sig_, d_in == nullptr || d_out == nullptr, count,
-                detail::not_device_memory<RT>(d_in, count) || detail::not_device_memory<RT>(d_out, count));
+                detail::not_device_memory<RT>(d_in, count) || detail::not_device_memory<RT>(d_out, count),
+                "allgather_plan");
     auto& x = this->x_;
     const int p = x.size();
     const int me = x.rank();

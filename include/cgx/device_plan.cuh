@@ -163,6 +163,91 @@ std::int64_t device_signature(const char* what, std::uint64_t extra) {
 }
 }  // namespace detail
 
+/// What the device plans (device_allreduce_plan, device_reduce_scatter_plan,
+/// device_allgather_plan) share (public, so that its members appear on their pages): the
+/// transport, the device workspace sized for the largest max_count of any rank, the
+/// options, the call counter, the call flag and the argument check.
+template <class T, class Q, class X>
+class device_plan_core {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, __half> ||
+                    std::is_same_v<T, __nv_bfloat16>,
+                "cgx::device_allreduce_plan, cgx::device_reduce_scatter_plan, cgx::device_allgather_plan: T must be "
+                "float, double, __half or __nv_bfloat16");
+  static_assert(detail::has_device_kernels<comm::runtime_of<comm::device_transport_t<X>>, Q>,
+                "cgx::device_allreduce_plan, cgx::device_reduce_scatter_plan, cgx::device_allgather_plan: Q must "
+                "have CUDA kernels (cgx::quant::maxmin<Bits, Bucket, Rounding> or cgx::quant::none)");
+
+ public:
+  /// The transport the plan drives (comm::mpi_device for X = comm::mpi).
+  using device_transport_type = comm::device_transport_t<X>;
+  using value_type = T;      ///< the element type of the buffers
+  using quantizer_type = Q;  ///< the quantizer (codec) on the wire
+  using transport_type = X;  ///< the transport as given
+
+  device_plan_core(const device_plan_core&) = delete;
+  device_plan_core& operator=(const device_plan_core&) = delete;
+
+  /// The device transport.
+  device_transport_type& transport() noexcept { return x_; }
+  /// Largest count a call may pass.
+  std::size_t max_count() const noexcept { return max_count_; }
+  /// Number of calls that ran the schedule (the stochastic-rounding call counter; an
+  /// allreduce's native calls are not counted).
+  std::uint32_t calls() const noexcept { return calls_; }
+  /// The options the plan was made with, as given (`threads` is ignored; only the
+  /// allreduce uses native_below_bytes).
+  const plan_options& options() const noexcept { return opts_; }
+
+ protected:
+  using runtime = comm::runtime_of<device_transport_type>;            ///< the runtime policy (comm/runtime.cuh)
+  using kernels = comm::device_kernels<Q, device_transport_type>;  ///< Q's kernels in that runtime
+
+  /// Collective: agrees on the largest max_count and has the transport reserve
+  /// `bytes(that count, ranks)` of device workspace on the device current now.
+  template <class Bytes>
+  device_plan_core(X transport, std::size_t max_count, plan_options opts, Bytes bytes)
+      : x_(std::move(transport)), max_count_(max_count), opts_(opts) {
+    std::array<std::int64_t, 1> most{static_cast<std::int64_t>(max_count)};
+    x_.max_all(most);
+    sized_count_ = static_cast<std::size_t>(most[0]);
+    ws_ = x_.reserve(bytes(sized_count_, x_.size()));
+  }
+
+  /// The argument check of a call (check_call): null or host buffers, counts above
+  /// max_count, and (collective checking) counts and plan types that differ. `host_plan`:
+  /// the plan a host buffer needs instead, named in the message.
+  void check(const char* who, std::int64_t sig, bool null_buffer, std::size_t n, bool not_device,
+             const char* host_plan) {
+    detail::check_call(x_, opts_.check, who, null_buffer, n, max_count_, sig, not_device, [host_plan] {
+      return std::string("the buffer is not device (or managed) memory; use ") + host_plan + " for host buffers";
+    });
+  }
+
+  /// The random state of the next call (the host plans' next_rng()).
+  quant::rng_state next_rng() noexcept {
+    quant::rng_state rng;
+    rng.seed = opts_.seed;
+    rng.counter = calls_++;
+    return rng;
+  }
+
+  /// The guard of a call: makes the transport's device current, where it has one, and
+  /// the caller's again at the end.
+  using device_guard = std::optional<comm::detail::basic_device_guard<runtime>>;
+  /// Makes the transport's device current for `on`'s lifetime, where it has one.
+  void on_device(device_guard& on) {
+    if constexpr (requires { x_.device(); }) on.emplace(x_.device());
+  }
+
+  device_transport_type x_;        ///< the device transport
+  std::size_t max_count_;          ///< largest count a call may pass
+  plan_options opts_;              ///< the options as given
+  std::size_t sized_count_ = 0;    ///< the largest max_count of any rank: the workspace's size
+  std::byte* ws_ = nullptr;        ///< the device workspace (the transport's)
+  std::uint32_t calls_ = 0;        ///< the call counter (next_rng())
+  std::atomic<bool> busy_{false};  ///< held by a call in progress (detail::call_guard)
+};
+
 /// Compressed allreduce (sum, in place) of up to `max_count` values of T in device memory.
 ///
 /// \tparam T  float, double, __half or __nv_bfloat16 (half types travel with fp32 bucket
@@ -182,28 +267,18 @@ std::int64_t device_signature(const char* what, std::uint64_t extra) {
 /// transport: none has single_node(), and the one-node pick of host plans (16 MiB) was
 /// measured for host buffers only. `plan_options::threads` is ignored.
 template <class T, class Q, class R, class X>
-class device_allreduce_plan {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, __half> ||
-                    std::is_same_v<T, __nv_bfloat16>,
-                "cgx::device_allreduce_plan: T must be float, double, __half or __nv_bfloat16");
-  static_assert(detail::has_device_kernels<comm::runtime_of<comm::device_transport_t<X>>, Q>,
-                "cgx::device_allreduce_plan: Q must have CUDA kernels (cgx::quant::maxmin<Bits, Bucket, Rounding> "
-                "or cgx::quant::none)");
+class device_allreduce_plan : public device_plan_core<T, Q, X> {
+  using core = device_plan_core<T, Q, X>;
   static_assert(detail::device_schedule<R>::exists,
                 "cgx::device_allreduce_plan: R must be a reducer with a device schedule: "
                 "cgx::comm::scatter_reduce_allgather, cgx::comm::ring or cgx::comm::tree (hierarchical has none yet)");
 
  public:
-  /// The transport the plan drives (comm::mpi_device for X = comm::mpi).
-  using device_transport_type = comm::device_transport_t<X>;
-  using value_type = T;          ///< the element type of the buffers
-  using quantizer_type = Q;      ///< the quantizer (codec) on the wire
-  using reducer_type = R;        ///< the reducer (schedule)
-  using transport_type = X;      ///< the transport
+  using device_transport_type = typename core::device_transport_type;  ///< comm::mpi_device for X = comm::mpi
+  using reducer_type = R;  ///< the reducer (schedule)
 
  private:
   using schedule_type = typename detail::device_schedule<R>::template type<T, Q, device_transport_type>;
-  using runtime = comm::runtime_of<device_transport_type>;  // comm/runtime.cuh
 
  public:
   /// Bytes of device workspace a plan for `max_count` values on `ranks` ranks needs (the
@@ -216,15 +291,7 @@ class device_allreduce_plan {
   /// has it allocate the device workspace, sized for the largest `max_count` passed by
   /// any rank, on the CUDA device current now.
   device_allreduce_plan(X transport, std::size_t max_count, plan_options opts = {})
-      : x_(std::move(transport)), max_count_(max_count), opts_(opts) {
-    std::array<std::int64_t, 1> most{static_cast<std::int64_t>(max_count)};
-    x_.max_all(most);
-    sized_count_ = static_cast<std::size_t>(most[0]);
-    ws_ = x_.reserve(workspace_bytes(sized_count_, x_.size()));
-  }
-
-  device_allreduce_plan(const device_allreduce_plan&) = delete;
-  device_allreduce_plan& operator=(const device_allreduce_plan&) = delete;
+      : core(std::move(transport), max_count, opts, &workspace_bytes) {}
 
   /// Sums d_buf[0..n) over all ranks, in place, in `stream` order (see the file comment
   /// for what blocks). Collective: every rank calls it with the same n. Throws
@@ -234,57 +301,31 @@ class device_allreduce_plan {
   /// errc::invalid_argument at once, before any communication, when another thread is
   /// in a call of this plan.
   void operator()(T* d_buf, std::size_t n, cudaStream_t stream = nullptr) {
-    const detail::call_guard claimed(busy_, "device_allreduce_plan");
+    const detail::call_guard claimed(this->busy_, "device_allreduce_plan");
     // The schedule's kernels go to the transport's device, whatever device is current
     // (one thread may drive plans on several GPUs); the caller's is restored after.
-    std::optional<comm::detail::basic_device_guard<runtime>> on;
-    if constexpr (requires { x_.device(); }) on.emplace(x_.device());
-    check(d_buf, n);
-    if constexpr (requires { x_.native_allreduce(d_buf, n, stream); }) {
+    typename core::device_guard on;
+    this->on_device(on);
+    this->check("device_allreduce_plan", sig_, d_buf == nullptr, n,
+                detail::not_device_memory<typename core::runtime>(d_buf, n), "allreduce_plan");
+    auto& x = this->x_;
+    if constexpr (requires { x.native_allreduce(d_buf, n, stream); }) {
       if (n * sizeof(T) < native_below_) {
-        x_.native_allreduce(d_buf, n, stream);
+        x.native_allreduce(d_buf, n, stream);
         return;
       }
     }
-    quant::rng_state rng;
-    rng.seed = opts_.seed;
-    rng.counter = calls_++;
-    sched_.run(d_buf, n, sized_count_, x_, ws_, rng, stream);
+    sched_.run(d_buf, n, this->sized_count_, x, this->ws_, this->next_rng(), stream);
   }
 
-  /// The device transport.
-  device_transport_type& transport() noexcept { return x_; }
-  /// Largest count a call may pass.
-  std::size_t max_count() const noexcept { return max_count_; }
-  /// Number of compressed calls so far (the stochastic-rounding call counter).
-  std::uint32_t calls() const noexcept { return calls_; }
-  /// The options the plan was made with (native_below_bytes as given).
-  const plan_options& options() const noexcept { return opts_; }
   /// The native-allreduce threshold in use: plan_options::native_below_bytes, or for
   /// auto_threshold the plan's pick at construction (see the class comment).
   std::size_t native_below_bytes() const noexcept { return native_below_; }
 
  private:
-  /// A number that differs between plans of different T, Q, R or threshold.
-  std::int64_t signature() const { return detail::device_signature<T, Q>(R::name, native_below_); }
-
-  void check(const T* d_buf, std::size_t n) {
-    const bool not_device = detail::not_device_memory<runtime>(d_buf, n);
-    detail::check_call(x_, opts_.check, "device_allreduce_plan", d_buf == nullptr, n, max_count_, sig_, not_device, [] {
-      return std::string("the buffer is not device (or managed) memory; use allreduce_plan for host buffers");
-    });
-  }
-
-  device_transport_type x_;
-  std::size_t max_count_;
-  plan_options opts_;
-  std::size_t native_below_ = detail::resolve_native_below(x_, opts_.native_below_bytes);
-  std::size_t sized_count_ = 0;
-  std::int64_t sig_ = signature();
+  std::size_t native_below_ = detail::resolve_native_below(this->x_, this->opts_.native_below_bytes);
+  std::int64_t sig_ = detail::device_signature<T, Q>(R::name, native_below_);  // differs with T, Q, R, threshold
   schedule_type sched_;
-  std::byte* ws_ = nullptr;
-  std::uint32_t calls_ = 0;
-  std::atomic<bool> busy_{false};  // held by a call in progress (detail::call_guard)
 };
 
 }  // namespace cgx
