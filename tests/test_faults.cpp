@@ -331,3 +331,96 @@ TEST_CASE("a rank fails after its peers finished: their next call's collective c
   if (second) CHECK(*second == cgx::errc::corrupt);
   MPI_Barrier(MPI_COMM_WORLD);
 }
+
+// A transport split from another fails with it: a rank whose parent transport fails (its
+// own abort, or a peer's report it hears there) tells its peers on the split one too, so
+// a peer that waits only there hears it instead of waiting out its limit. The split
+// reverses the ranks, so the report's origin must be translated to be named right.
+TEST_CASE("comm::mpi: a transport from split() fails with its parent and tells its own peers") {
+  const int r = cgx_test::world_rank();
+  const int p = cgx_test::world_size();
+  if (p < 2) return;
+  cgx::comm::mpi x{MPI_COMM_WORLD};
+  cgx::comm::mpi child = x.split(0, p - 1 - r);
+  REQUIRE(child.rank() == p - 1 - r);
+  child.set_wait_limit(std::chrono::milliseconds(8000));
+  std::optional<cgx::errc> code;
+  std::string what;
+  if (r == 0) {
+    x.abort(cgx::errc::transport, "test: rank 0 gave up");
+    CHECK(child.failed());
+  } else {
+    // Waits on the split transport only, for world rank 0 (rank p - 1 there).
+    std::vector<std::byte> buf(64);
+    std::vector<cgx::comm::mpi::request> q{child.irecv(buf.data(), buf.size(), p - 1, 77)};
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      child.wait_all(q);
+    } catch (const cgx::error& e) {
+      code = e.code();
+      what = e.what();
+    }
+    INFO(what);
+    CHECK(code == cgx::errc::peer_failed);
+    CHECK(what.find("rank " + std::to_string(p - 1) + " failed") != std::string::npos);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(6000));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Before a transport's first call (while a plan is built) a peer's report does not end
+// max_all: every rank takes part in the construction, so the reduction completes, and
+// the report fails the transport for its first call. Here rank 0 reports before it
+// joins; before, the others threw from max_all while rank 0 had not even joined (and
+// a rank still in a plan's constructor threw while its peers' first call failed).
+TEST_CASE("comm::mpi: before the first call, max_all completes through a peer's report; the first call throws it") {
+  const int r = cgx_test::world_rank();
+  const int p = cgx_test::world_size();
+  if (p < 2) return;
+  cgx::comm::mpi x{MPI_COMM_WORLD};
+  x.set_wait_limit(std::chrono::milliseconds(8000));
+  if (r == 0) {
+    x.abort(cgx::errc::transport, "test: rank 0 gave up");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the report arrives first
+  }
+  std::int64_t v[1] = {r};
+  const auto code = cgx_test::error_code_of([&] { x.max_all(v); });
+  CHECK(!code.has_value());
+  CHECK(v[0] == p - 1);
+  CHECK(x.failed());
+  const auto next = cgx_test::error_code_of([&] { x.throw_if_failed(); });
+  CHECK(next == (r == 0 ? cgx::errc::transport : cgx::errc::peer_failed));
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// A hierarchical plan (emulated nodes of two ranks) whose plan transport hears of a
+// failure at the start of a call, before the schedule runs: rank 0 calls late, after
+// node 1's ranks (which disagree on the count) failed and reported; it throws from the
+// call's first look at the failure channel. Rank 1 waits meanwhile on the node transport,
+// for rank 0 only: it must hear the failure there (the node transport fails with the
+// plan's), not wait out its limit. Before, it threw errc::timeout after 8 s (MPICH: in
+// most runs of test_mismatch_family).
+TEST_CASE("hierarchical over comm::mpi: a failure heard before the schedule runs reaches the node's ranks") {
+  const int r = cgx_test::world_rank();
+  const int p = cgx_test::world_size();
+  if (p != 4) return;
+  using Hier = cgx::comm::hierarchical<cgx::comm::uncompressed, SRA>;
+  const std::size_t n = 60000;
+  cgx::allreduce_plan<float, Q4, Hier, cgx::comm::mpi> plan{cgx::comm::mpi{MPI_COMM_WORLD, cgx::comm::mpi::nodes{r / 2}},
+                                                             n, local_checks(8000)};
+  auto v = cgx_test::inputs<float>(r, n);
+  if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto code = cgx_test::error_code_of([&] { plan(v.data(), r == 3 ? n - 1000 : n); });
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  const auto codes = gather_codes(code);
+  for (int q = 0; q < p; ++q) {
+    INFO("rank " << q << " threw code " << codes[static_cast<std::size_t>(q)]);
+    CHECK((codes[static_cast<std::size_t>(q)] == static_cast<int>(cgx::errc::mismatch) ||
+           codes[static_cast<std::size_t>(q)] == static_cast<int>(cgx::errc::peer_failed)));
+  }
+  CHECK(waited < std::chrono::milliseconds(6000));
+  const auto next = cgx_test::error_code_of([&] { plan(v.data(), n); });
+  CHECK(next.has_value());
+  MPI_Barrier(MPI_COMM_WORLD);
+}

@@ -115,7 +115,10 @@ using wait_limit = std::chrono::milliseconds;
 /// (errc::timeout or errc::corrupt if that was the failure), naming the rank. With a wait limit
 /// (`set_wait_limit`, from plan_options::timeout_ms) a wait that lasts longer throws
 /// errc::timeout naming the ranks it waited for, and tells the peers. After any of
-/// these the transport is failed: every later wait throws at once.
+/// these the transport is failed: every later wait throws at once. The transports made
+/// from this one by split() and node() fail with it: when it fails, or hears a peer's
+/// report, each of them is failed too and tells its own peers (a hierarchical plan's
+/// ranks wait on those: see comm::hierarchical).
 class mpi {
  public:
   /// Payloads of at most this many bytes travel in one message with their header (see
@@ -163,7 +166,9 @@ class mpi {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     // The failure channel: its own communicator, one receive always posted.
-    fault_ = std::make_unique<fault_channel>();
+    fault_ = std::make_shared<fault_channel>();
+    fault_->rank = rank_;
+    fault_->size = size_;
     detail::check_mpi(MPI_Comm_dup(comm_, &fault_->comm), "MPI_Comm_dup");
     MPI_Comm_set_errhandler(fault_->comm, MPI_ERRORS_RETURN);
     detail::check_mpi(MPI_Irecv(fault_->in, 3, MPI_INT, MPI_ANY_SOURCE, 0, fault_->comm, &fault_->listen), "MPI_Irecv");
@@ -203,23 +208,21 @@ class mpi {
   [[nodiscard]] MPI_Comm comm() const noexcept { return comm_; }
 
   /// Collective: the transport over the ranks with the same `color`, ordered by `key`.
+  /// It fails with this one (see the class comment).
   mpi split(int color, int key) const {
     MPI_Comm sub;
     detail::check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
-    mpi out(sub);
-    MPI_Comm_free(&sub);
-    return out;
+    return linked(sub);
   }
 
-  /// Collective: the transport over the ranks of this rank's node (see `nodes`).
+  /// Collective: the transport over the ranks of this rank's node (see `nodes`). It
+  /// fails with this one (see the class comment).
   mpi node() const {
     if (node_color_ >= 0) return split(node_color_, rank_);
     MPI_Comm sub;
     detail::check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &sub),
                       "MPI_Comm_split_type");
-    mpi out(sub);
-    MPI_Comm_free(&sub);
-    return out;
+    return linked(sub);
   }
 
   /// Collective: whether all ranks of the communicator are on one node, by the same
@@ -426,17 +429,7 @@ class mpi {
     if (poll && !fault_->failed && fault_->listen != MPI_REQUEST_NULL) {
       int flag = 0;
       MPI_Test(&fault_->listen, &flag, MPI_STATUS_IGNORE);
-      if (flag) {
-        fault_->listen = MPI_REQUEST_NULL;
-        const auto code = static_cast<errc>(fault_->in[1]);
-        fault_->failed = true;
-        fault_->code = detail::reported_code(code);
-        fault_->what = "cgx::comm::mpi (rank " + std::to_string(rank_) + "): " +
-                       detail::reported_failure(fault_->in[0], code, fault_->in[2]) + " inside a collective call";
-        // Passed on, as a waiting rank passes it on: a peer that waits for this rank
-        // alone hears of the failure only from here.
-        tell(fault_->in[0], code, fault_->in[2]);
-      }
+      if (flag) record_report();
     }
     if (fault_->failed)
       throw cgx::error(fault_->code, fault_->what + "; the plan cannot be used after that (build a new one)");
@@ -454,10 +447,12 @@ class mpi {
   /// argument check). Waits like wait_all: a peer's failure report ends it
   /// (errc::peer_failed, or the peer's errc::timeout / errc::corrupt), and so does the
   /// wait limit (errc::timeout); so a rank whose previous call finished while a peer's
-  /// failed does not wait forever for that peer, which never joins again. Throws at once
-  /// if this transport failed before.
+  /// failed does not wait forever for that peer, which never joins again. Before the
+  /// transport's first call (begin_call), while a plan is built, a report does not end
+  /// it: it completes, and the report fails the transport for its first call. Throws at
+  /// once if this transport failed before.
   void max_all(std::span<std::int64_t> v) {
-    if (fault_->failed) throw cgx::error(fault_->code, fault_->what);
+    if (fault_->failed && stamp_.call != 0) throw cgx::error(fault_->code, fault_->what);
     auto& buf = fault_->collective;  // MPI's buffer: it outlives an abandoned reduction
     buf.assign(v.begin(), v.end());
     MPI_Request both[2] = {MPI_REQUEST_NULL, fault_->listen};
@@ -477,6 +472,15 @@ class mpi {
         return;
       }
       if (flag && idx == 1) {
+        both[1] = MPI_REQUEST_NULL;
+        if (stamp_.call == 0) {
+          // Before the first call (a plan's construction): every rank takes part, and a
+          // peer that reports a failure has passed this reduction, so it completes here
+          // too. The report fails the transport (the first call throws it); the plan is
+          // built on every rank, and every rank's error comes from the same call.
+          record_report();
+          continue;
+        }
         // A peer's report. The reduction cannot be cancelled: it stays with MPI, on a
         // communicator and a buffer that a failed transport never frees (release()).
         fault_->listen = MPI_REQUEST_NULL;
@@ -497,8 +501,18 @@ class mpi {
 
   /// The state of the failure channel, on the heap: MPI writes into `in` while the
   /// transport object may move.
+  struct fault_channel;
+  /// A transport made from this one (split(), node()), which fails with it; `ranks`: the
+  /// rank there of each rank here (MPI_UNDEFINED if not in it).
+  struct child {
+    std::weak_ptr<fault_channel> channel;
+    std::vector<int> ranks;
+  };
   struct fault_channel {
     MPI_Comm comm = MPI_COMM_NULL;
+    int rank = 0;  // this rank, of `size`, in comm
+    int size = 1;
+    std::vector<child> children;  // fail with this channel (tell())
     MPI_Request listen = MPI_REQUEST_NULL;  // always posted: a peer's report
     int in[3] = {0, 0, -1};                 // the report: failed rank, errc, rank it waited for
     int out[3] = {0, 0, -1};                // this rank's report (or a peer's, passed on)
@@ -537,6 +551,45 @@ class mpi {
     throw cgx::error(code, msg);
   }
 
+  /// A peer's report arrived outside a wait (throw_if_failed, or a plan's construction):
+  /// the transport is failed, and the report passed on.
+  void record_report() noexcept {
+    fault_->listen = MPI_REQUEST_NULL;
+    const auto code = static_cast<errc>(fault_->in[1]);
+    fault_->failed = true;
+    fault_->code = detail::reported_code(code);
+    try {
+      fault_->what = "cgx::comm::mpi (rank " + std::to_string(rank_) + "): " +
+                     detail::reported_failure(fault_->in[0], code, fault_->in[2]) + " inside a collective call";
+    } catch (...) {  // no memory for the message: the code says it
+    }
+    // Passed on, as a waiting rank passes it on: a peer that waits for this rank
+    // alone hears of the failure only from here.
+    tell(fault_->in[0], code, fault_->in[2]);
+  }
+
+  /// The transport over `sub` (freed here), failing with this one (child).
+  mpi linked(MPI_Comm& sub) const {
+    mpi out(sub);
+    MPI_Comm_free(&sub);
+    child c{out.fault_, std::vector<int>(static_cast<std::size_t>(size_), MPI_UNDEFINED)};
+    MPI_Group mine = MPI_GROUP_NULL, theirs = MPI_GROUP_NULL;
+    MPI_Comm_group(comm_, &mine);
+    MPI_Comm_group(out.comm_, &theirs);
+    std::vector<int> all(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r) all[static_cast<std::size_t>(r)] = r;
+    MPI_Group_translate_ranks(mine, size_, all.data(), theirs, c.ranks.data());
+    MPI_Group_free(&mine);
+    MPI_Group_free(&theirs);
+    if (fault_->failed) {  // split from a failed transport: failed too (its peers know)
+      out.fault_->failed = true;
+      out.fault_->code = fault_->code;
+      out.fault_->what = fault_->what;
+    }
+    fault_->children.push_back(std::move(c));
+    return out;
+  }
+
   /// A peer's report arrived: fail with its code, naming it.
   [[noreturn]] void peer_reported(std::span<request> reqs) {
     const auto code = static_cast<errc>(fault_->in[1]);
@@ -556,16 +609,47 @@ class mpi {
   /// rank's own failure, or a peer's passed on unchanged (so every rank names the rank
   /// that failed first, and the rank a timed-out one waited for). Never throws.
   void tell(int origin, errc code, int waited_for) noexcept {
-    if (!fault_ || fault_->told) return;
-    fault_->told = true;
-    fault_->out[0] = origin;
-    fault_->out[1] = static_cast<int>(code);
-    fault_->out[2] = waited_for;
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_ || r == origin) continue;
+    if (fault_) tell(*fault_, origin, code, waited_for);
+  }
+
+  /// tell() on channel f; then each transport split from it fails too and tells its own
+  /// peers (the same code; the origin and the rank waited for by their rank there, or
+  /// this rank and none when they are not in it).
+  static void tell(fault_channel& f, int origin, errc code, int waited_for) noexcept {
+    if (f.told) return;
+    f.told = true;
+    f.out[0] = origin;
+    f.out[1] = static_cast<int>(code);
+    f.out[2] = waited_for;
+    for (int r = 0; r < f.size; ++r) {
+      if (r == f.rank || r == origin) continue;
       MPI_Request q = MPI_REQUEST_NULL;
       // Three ints: MPI sends them eagerly; the buffer lives as long as the transport.
-      if (MPI_Isend(fault_->out, 3, MPI_INT, r, 0, fault_->comm, &q) == MPI_SUCCESS) fault_->sent.push_back(q);
+      if (MPI_Isend(f.out, 3, MPI_INT, r, 0, f.comm, &q) == MPI_SUCCESS) {
+        try {
+          f.sent.push_back(q);
+        } catch (...) {
+          MPI_Request_free(&q);  // sent all the same
+        }
+      }
+    }
+    auto in_child = [](const child& c, int r) {
+      return r >= 0 && static_cast<std::size_t>(r) < c.ranks.size() ? c.ranks[static_cast<std::size_t>(r)] : MPI_UNDEFINED;
+    };
+    for (const child& c : f.children) {
+      const std::shared_ptr<fault_channel> ch = c.channel.lock();
+      if (!ch || ch->told) continue;
+      if (!ch->failed) {
+        ch->failed = true;
+        ch->code = f.code;
+        try {
+          ch->what = f.what;
+        } catch (...) {
+        }
+      }
+      const int o = in_child(c, origin);
+      const int w = in_child(c, waited_for);
+      tell(*ch, o == MPI_UNDEFINED ? ch->rank : o, code, w == MPI_UNDEFINED ? -1 : w);
     }
   }
 
@@ -707,12 +791,12 @@ class mpi {
       // (a few KiB per failed transport, until MPI_Finalize), and the channel MPI may still
       // write into is kept for the life of the process.
       static std::mutex lock;
-      static std::vector<std::unique_ptr<fault_channel>> failed_channels;
+      static std::vector<std::shared_ptr<fault_channel>> failed_channels;
       const std::lock_guard<std::mutex> g(lock);
       try {
         failed_channels.push_back(std::move(fault_));
       } catch (...) {
-        (void)fault_.release();  // out of memory: leak it rather than free what MPI may write
+        new std::shared_ptr<fault_channel>(std::move(fault_));  // out of memory: leak it rather than free what MPI may write
       }
       comm_ = MPI_COMM_NULL;
       return;
@@ -738,7 +822,7 @@ class mpi {
   int node_color_ = -1;
   wait_limit limit_{0};
   detail::call_stamp stamp_;
-  std::unique_ptr<fault_channel> fault_;
+  std::shared_ptr<fault_channel> fault_;
 };
 
 }  // namespace cgx::comm
