@@ -10,8 +10,16 @@ from . import _C
 
 CGXError = _C.CGXError
 
-#: dtypes the plans reduce (host and device).
-SUPPORTED_DTYPES = (torch.float32, torch.float64)
+#: dtypes cgx compresses: float32 and float64 by the plans themselves; float16 and
+#: bfloat16 through a float32 copy (reduced, averaged, then rounded back once).
+COMPRESSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+SUPPORTED_DTYPES = COMPRESSED_DTYPES  # the name of cgx_torch 0.1
+#: Half-precision dtypes, reduced through a float32 copy.
+STAGED_DTYPES = (torch.float16, torch.bfloat16)
+#: dtypes reduced exactly by MPI instead (allreduce_, and DDP buckets of these dtypes):
+#: integers and bool (bool: logical or, as torch.distributed's SUM), complex.
+EXACT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64,
+                torch.complex128)
 _BUCKETS = (128, 512, 1024)
 _ROUNDINGS = ("stochastic", "nearest")
 _CHECKS = ("build", "call")
@@ -125,10 +133,10 @@ def tensor_problem(t, device_plans=None):
     """The exception a tensor would raise (TypeError/ValueError/CGXError), or None."""
     if not isinstance(t, torch.Tensor):
         return TypeError(f"cgx_torch: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in SUPPORTED_DTYPES:
+    if t.dtype not in COMPRESSED_DTYPES and t.dtype not in EXACT_DTYPES:
         return TypeError(
-            f"cgx_torch: dtype {t.dtype} is not supported: the plans reduce torch.float32 and torch.float64 "
-            "(float16/bfloat16 gradients: keep an fp32 copy, or cast with .float() before and back after)")
+            f"cgx_torch: dtype {t.dtype} cannot be reduced: cgx compresses float32, float64, float16 and "
+            "bfloat16, and reduces integers, bool and complex64/128 exactly")
     if t.layout != torch.strided:
         return ValueError(f"cgx_torch: {t.layout} tensors are not supported (dense tensors only)")
     if t.device.type not in ("cpu", "cuda"):
@@ -171,12 +179,40 @@ def new_plan(comm_f, t, layers, settings: Settings):
                    t.numel(), layers, settings.config())
 
 
+def staged(t):
+    """The tensor a plan reduces for t: t itself (float32, float64), or a float32 copy of
+    a float16/bfloat16 t (on t's device)."""
+    return t.float() if t.dtype in STAGED_DTYPES else t
+
+
+def unstage(t, work):
+    """Writes a staged reduction back: work (float32) rounded once into t's dtype.
+    Non-finite values stay non-finite; a float16 sum beyond 65504 becomes inf, as
+    float16 arithmetic would give."""
+    if work is not t:
+        t.copy_(work)
+    return t
+
+
+def exact_allreduce_(comm, t):
+    """Sums t over comm in place with MPI itself (exact; bool: logical or): the reduction
+    of the dtypes cgx does not compress. A CUDA tensor goes through a host copy."""
+    from mpi4py import MPI
+
+    host = t if t.device.type == "cpu" else t.cpu()
+    comm.Allreduce(MPI.IN_PLACE, host.numpy(), op=MPI.LOR if t.dtype == torch.bool else MPI.SUM)
+    if host is not t:
+        t.copy_(host)
+    return t
+
+
 def device_key(t):
     """(device type, CUDA index or None): the part of a plan's key that names where the tensor lives."""
     return (t.device.type, t.device.index if t.device.type == "cuda" else None)
 
 
 _plans = {}
+_EXACT = "exact"  # _plans' entry for a key reduced by MPI (EXACT_DTYPES)
 
 
 def allreduce_(tensor, bits=4, *, bucket=1024, rounding="stochastic", min_compressed=1024, error_feedback=False,
@@ -198,31 +234,43 @@ def allreduce_(tensor, bits=4, *, bucket=1024, rounding="stochastic", min_compre
     one small collective exchange, that every rank asked for the same (MismatchError on
     every rank otherwise); ``check="call"`` repeats that check on every call.
 
-    Raises TypeError for a dtype other than float32/float64, ValueError for a
-    non-contiguous tensor, CGXError (a RuntimeError) for CUDA tensors in a build without
-    device plans and for failures inside cgx.
+    float16 and bfloat16 tensors are reduced through a float32 copy (the plans' values and
+    metadata in float32), rounded back once after the average. Integer, bool (logical
+    or) and complex tensors are reduced exactly by MPI (``average`` only for complex).
+
+    Raises TypeError for a dtype none of these covers, ValueError for a non-contiguous
+    tensor or an average of integers, CGXError (a RuntimeError) for CUDA tensors in a
+    build without device plans and for failures inside cgx.
     """
     s = make_settings(bits, bucket, rounding, min_compressed, error_feedback, adaptive, check, seed, threads)
     problem = tensor_problem(tensor)
     if problem is None and error_feedback and tensor.device.type == "cuda":
         problem = ValueError("cgx_torch: error feedback is implemented for CPU tensors only")
+    exact = problem is None and tensor.dtype in EXACT_DTYPES
+    if exact and average and not (tensor.dtype.is_complex or tensor.dtype.is_floating_point):
+        problem = ValueError(f"cgx_torch: average=True on a {tensor.dtype} tensor: integer and bool tensors are "
+                             "summed exactly; divide the sum yourself")
     comm, comm_f = comm_handle(comm)
     key = (comm_f, tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else None,
            str(getattr(tensor, "dtype", None)), device_key(tensor) if isinstance(tensor, torch.Tensor) else None,
            s)
     plan = _plans.get(key)
     if plan is None or s.check == "call":
-        agree(comm_f, key[1:] + ((plan.settings() if plan is not None else None),), problem)
+        agree(comm_f, key[1:] + ((plan.settings() if plan not in (None, _EXACT) else None),), problem)
     elif problem is not None:
         raise problem
+    if exact:
+        _plans[key] = _EXACT  # agreed once, as a plan is
+        exact_allreduce_(comm, tensor)
+        return tensor.div_(comm.size) if average else tensor
+    work = staged(tensor)
     if plan is None:
-        n = tensor.numel()
-        plan = new_plan(comm_f, tensor, [(0, n, False)], s)
+        plan = new_plan(comm_f, work, [(0, work.numel(), False)], s)
         _plans[key] = plan
-    plan.run(tensor)
+    plan.run(work)
     if average:
-        tensor.div_(plan.world)
-    return tensor
+        work.div_(plan.world)
+    return unstage(tensor, work)
 
 
 def free_plans():

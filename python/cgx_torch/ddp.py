@@ -135,8 +135,9 @@ class CGXState:
         self._worker = None
         _states.add(self)
 
-    def plan_for(self, index, buf, layers):
-        """The plan of bucket `index` for this buffer and layout (collective when built)."""
+    def plan_for(self, index, buf, layers, work=None):
+        """The plan of bucket `index` for this buffer and layout (collective when built);
+        `work`: the tensor it reduces (buf, or buf's float32 copy: _core.staged)."""
         key = (str(buf.dtype), _core.device_key(buf), buf.numel(), tuple(layers), self.settings)
         cached = self.plans.get(index)
         problem = _core.tensor_problem(buf)
@@ -154,7 +155,7 @@ class CGXState:
             self.plans.clear()
         self.plans.pop(index, None)
         _core.agree(self.comm_f, (index,) + key + ((None,) if self.settings.check == "call" else ()), problem)
-        plan = _core.new_plan(self.comm_f, buf, layers, self.settings)
+        plan = _core.new_plan(self.comm_f, buf if work is None else work, layers, self.settings)
         self.plans[index] = (key, plan)
         return plan
 
@@ -172,12 +173,21 @@ class CGXState:
         return {i: [b for b, _ in p.settings()] for i, (_, p) in sorted(self.plans.items())}
 
     def reduce(self, index, buf, layers):
-        """Averages `buf` (bucket `index`, laid out as `layers`) over the ranks, in place."""
-        plan = self.plan_for(index, buf, layers)
-        plan.run(buf)
-        buf.div_(plan.world)
+        """Averages `buf` (bucket `index`, laid out as `layers`) over the ranks, in place:
+        float32/float64 by its plan, float16/bfloat16 through a float32 copy, complex
+        exactly (MPI)."""
+        if isinstance(buf, torch.Tensor) and buf.dtype in _core.EXACT_DTYPES:
+            _core.agree(self.comm_f, (index, "exact", str(buf.dtype), _core.device_key(buf), buf.numel(),
+                                      self.settings), _core.tensor_problem(buf))
+            _core.exact_allreduce_(self.comm, buf)
+            self.calls += 1
+            return buf.div_(self.comm.size)
+        work = _core.staged(buf) if isinstance(buf, torch.Tensor) else buf
+        plan = self.plan_for(index, buf, layers, work)
+        plan.run(work)
+        work.div_(plan.world)
         self.calls += 1
-        return buf
+        return _core.unstage(buf, work)
 
     def submit(self, fn, fut):
         """Runs fn() on this state's background thread, completing fut with its result."""

@@ -5,7 +5,8 @@
 
 allreduce_: exact on constant and on integer-valued uncompressed data, within the SRA's
 error bound at 8 and 4 bits, the same bits on every rank, float64, average, error
-feedback, adaptive; the errors (dtype, non-contiguous, bad settings, settings or shapes
+feedback, adaptive; float16/bfloat16 through float32 (bit for bit), non-finite buckets;
+integers, bool and complex exactly; the errors (dtype, non-contiguous, bad settings, settings or shapes
 that differ between ranks: raised on every rank); the DDP hook against DDP's own
 allreduce, its layer-wise defaults, and mismatched hook settings. Prints one line per
 test on rank 0 and exits 1 when any rank failed one.
@@ -13,6 +14,7 @@ test on rank 0 and exits 1 when any rank failed one.
 import hashlib
 import sys
 import traceback
+import warnings
 
 from mpi4py import MPI
 
@@ -36,7 +38,9 @@ def test(f):
 
 
 def digest(t):
-    """A digest of the tensor's bytes."""
+    """A digest of the tensor's bytes (half precision as its 16-bit words: numpy has no bfloat16)."""
+    if t.dtype in (torch.float16, torch.bfloat16):
+        t = t.view(torch.int16)
     return hashlib.blake2b(t.contiguous().numpy().tobytes(), digest_size=16).hexdigest()
 
 
@@ -140,11 +144,62 @@ def error_feedback_and_adaptive_run():
 
 
 @test
+def half_precision_through_float32():
+    """float16 and bfloat16: the float32 reduction of the same values, rounded once into
+    the dtype (so the float32 bound holds up to that rounding); the same bits on every
+    rank; a bucket holding an inf is non-finite everywhere; a float16 sum past 65504 is inf."""
+    n = 4096 + 100
+    for dt in (torch.float16, torch.bfloat16):
+        g = torch.Generator().manual_seed(200 + rank)
+        x = (torch.randn(n, generator=g) * (1 + rank)).to(dt)
+        ref = x.float()
+        cgx_torch.allreduce_(ref, bits=8, rounding="nearest", average=True)
+        t = x.clone()
+        out = cgx_torch.allreduce_(t, bits=8, rounding="nearest", average=True)
+        assert out is t and t.dtype == dt
+        assert torch.equal(t, ref.to(dt)), (dt, (t.float() - ref).abs().max().item())
+        assert same_everywhere(t)
+        want = exact_sum(x.float()) / p
+        assert (t.float() - want).abs().max() <= 0.02 * want.abs().max(), dt
+        # an inf on rank 0: its bucket (values 1024..2047) non-finite on every rank, the others finite
+        y = torch.ones(n, dtype=dt)
+        if rank == 0:
+            y[1500] = float("inf")
+        cgx_torch.allreduce_(y, bits=4)
+        if p > 1:  # (one rank: nothing is quantized)
+            assert not torch.isfinite(y[1024:2048]).any() and torch.isfinite(y[:1024]).all(), dt
+    big = torch.full((4096,), 60000.0, dtype=torch.float16)
+    cgx_torch.allreduce_(big, bits=4)
+    assert torch.isinf(big).all() if p > 1 else torch.all(big == 60000.0)
+
+
+@test
+def exact_dtypes_through_mpi():
+    """Integers, bool (logical or) and complex are reduced exactly by MPI; average for complex."""
+    g = torch.Generator().manual_seed(300 + rank)
+    for dt in (torch.int64, torch.int32, torch.uint8, torch.int8):
+        x = torch.randint(0, 3, (5000,), generator=g).to(dt)
+        want = torch.from_numpy(numpy.sum(comm.allgather(x.numpy()), axis=0, dtype=x.numpy().dtype))
+        t = x.clone()
+        assert cgx_torch.allreduce_(t) is t and torch.equal(t, want), dt
+    b = torch.zeros(100, dtype=torch.bool)
+    b[rank] = True
+    cgx_torch.allreduce_(b)
+    assert b[:p].all() and not b[p:].any()
+    c = torch.complex(torch.randint(-50, 50, (300,), generator=g).float(), torch.full((300,), float(rank)))
+    want = torch.from_numpy(numpy.sum(comm.allgather(c.numpy()), axis=0)) / p
+    cgx_torch.allreduce_(c, average=True)
+    assert torch.allclose(c, want), (c - want).abs().max()
+
+
+@test
 def errors_dtype_contiguity_settings():
     """Local errors: dtypes, non-contiguous tensors, bad settings, a bad comm."""
-    raises(TypeError, lambda: cgx_torch.allreduce_(torch.ones(4096, dtype=torch.float16)), "float16")
-    raises(TypeError, lambda: cgx_torch.allreduce_(torch.ones(4096, dtype=torch.bfloat16)), "bfloat16")
-    raises(TypeError, lambda: cgx_torch.allreduce_(torch.ones(4096, dtype=torch.int32)), "int32")
+    with warnings.catch_warnings():  # torch: "ComplexHalf support is experimental"
+        warnings.simplefilter("ignore", UserWarning)
+        c32 = torch.ones(4096, dtype=torch.complex32)
+    raises(TypeError, lambda: cgx_torch.allreduce_(c32), "complex32")
+    raises(ValueError, lambda: cgx_torch.allreduce_(torch.ones(4096, dtype=torch.int32), average=True), "divide")
     raises(ValueError, lambda: cgx_torch.allreduce_(torch.ones(64, 128).t()), "not contiguous")
     raises(ValueError, lambda: cgx_torch.allreduce_(torch.ones(4096), bits=9), "bits")
     raises(ValueError, lambda: cgx_torch.allreduce_(torch.ones(4096), bucket=100), "bucket")
@@ -221,6 +276,40 @@ def ddp_hook_matches_ddp():
     # parameters: W1 3072, b1 64, W2 2560, b2 40, norm 40 + 40, W3 320000, b3 8000 (DDP's
     # first bucket takes b3 and W3: over 1 MB)
     assert flat == [0] * 5 + [8] * 3, bits
+
+
+@test
+def hook_half_precision_buckets():
+    """The hook's reduction of float16 and bfloat16 buckets (CGXState.reduce, what
+    cgx_hook runs): the float32 reduction of the same values, averaged, rounded once (8-bit
+    nearest: deterministic), the same on every rank; under torch 2.x (whose gloo
+    broadcasts bfloat16) also a bfloat16 model in DDP."""
+    layers = [(0, 3000, False), (3000, 40, True), (3040, 5000, False)]
+    for dt in (torch.float16, torch.bfloat16):
+        g = torch.Generator().manual_seed(400 + rank)
+        x = torch.randn(8040, generator=g).to(dt)
+        ref = cgx_torch.CGXState(bits=8, min_compressed=256, rounding="nearest", overlap=False)
+        want = ref.reduce(0, x.float(), layers)
+        st = cgx_torch.CGXState(bits=8, min_compressed=256, rounding="nearest", overlap=False)
+        t = x.clone()
+        assert st.reduce(0, t, layers) is t and t.dtype == dt
+        assert torch.equal(t, want.to(dt)) and same_everywhere(t), dt
+        assert st.layer_bits() == {0: [8, 0, 8]}
+    if int(torch.__version__.split(".")[0]) < 2:
+        return
+    torch.manual_seed(3)
+    net = nn.Sequential(nn.Linear(48, 64), nn.ReLU(), nn.Linear(64, 40)).to(torch.bfloat16)
+    local = nn.Sequential(nn.Linear(48, 64), nn.ReLU(), nn.Linear(64, 40)).to(torch.bfloat16)
+    local.load_state_dict(net.state_dict())
+    m = DDP(net)
+    m.register_comm_hook(cgx_torch.CGXState(bits=8, min_compressed=256, rounding="nearest"), cgx_torch.cgx_hook)
+    x = torch.randn(16, 48, generator=torch.Generator().manual_seed(rank)).to(torch.bfloat16)
+    m(x).float().square().mean().backward()
+    local(x).float().square().mean().backward()
+    for q, r in zip(m.parameters(), local.parameters()):
+        assert q.grad.dtype == torch.bfloat16 and same_everywhere(q.grad)
+        want = exact_sum(r.grad.float()) / p
+        assert (q.grad.float() - want).abs().max() <= 0.02 * want.abs().max() + 1e-2
 
 
 @test
