@@ -9,6 +9,9 @@ Needs: torch (>= 1.13), mpi4py, a C++20 compiler (g++ >= 11), cgx's headers
 (../include, or CGX_INCLUDE_DIR) and the MPI that mpi4py was built with (found through
 mpi4py's mpicc, or MPICC). A CUDAExtension with the device plans is built when torch
 has CUDA and nvcc is found (CUDA >= 12 for C++20); CGX_TORCH_CUDA=0 forces CPU only.
+Its GPU architectures: TORCH_CUDA_ARCH_LIST (e.g. "9.0"), else the visible GPUs', else,
+on a machine without one (a login or build node), those this torch was built for that
+nvcc can compile, the newest also as PTX.
 """
 import os
 import shlex
@@ -84,8 +87,43 @@ def want_cuda():
     return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
 
 
+def default_cuda_archs():
+    """TORCH_CUDA_ARCH_LIST for a machine without a visible GPU, where torch's own choice
+    (the visible GPUs' architectures) fails: the architectures this torch was built for
+    (torch.cuda.get_arch_list()) that nvcc can compile, the newest also as PTX (for GPUs
+    newer still). None when a GPU is visible or TORCH_CUDA_ARCH_LIST is set."""
+    if os.environ.get("TORCH_CUDA_ARCH_LIST") or torch.cuda.device_count() > 0:
+        return None
+    wanted = []
+    for a in torch.cuda.get_arch_list():  # "sm_90", "sm_100a", "compute_120", ...
+        kind, _, num = a.partition("_")
+        num = num.rstrip("af")
+        if kind == "sm" and num.isdigit() and num not in wanted:
+            wanted.append(num)
+    nvcc = os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
+    try:
+        listed = subprocess.run([nvcc, "--list-gpu-arch"], check=True, capture_output=True, text=True).stdout.split()
+        can = {w.split("_", 1)[1] for w in listed if w.startswith("compute_")}
+        wanted = [a for a in wanted if a in can]
+    except (OSError, subprocess.CalledProcessError):
+        pass  # an older nvcc without --list-gpu-arch: torch's list as it is
+    if not wanted:
+        sys.exit("cgx_torch: no GPU is visible and none of torch's architectures "
+                 f"({', '.join(torch.cuda.get_arch_list()) or 'none'}) can be compiled by {nvcc}: "
+                 "set TORCH_CUDA_ARCH_LIST (e.g. \"9.0\") or CGX_TORCH_CUDA=0")
+    wanted.sort(key=int)
+    archs = [f"{a[:-1]}.{a[-1]}" for a in wanted]
+    return ";".join(archs[:-1] + [archs[-1] + "+PTX"])
+
+
 inc, mpi_cflags, libdirs, libs, lflags = mpi_flags()
 cuda = want_cuda()
+if cuda:
+    archs = default_cuda_archs()
+    if archs is not None:
+        print(f"cgx_torch: no GPU visible; building the device plans for TORCH_CUDA_ARCH_LIST=\"{archs}\" "
+              "(this torch's architectures; set TORCH_CUDA_ARCH_LIST to build fewer)", file=sys.stderr)
+        os.environ["TORCH_CUDA_ARCH_LIST"] = archs
 csrc = os.path.join("csrc")
 sources = [os.path.join(csrc, f) for f in ("bindings.cpp", "plans.cpp", "host_plan_f32_stochastic.cpp",
                                           "host_plan_f32_nearest.cpp", "host_plan_f64_stochastic.cpp",
