@@ -56,7 +56,8 @@
 /// Unrolls the following loop fully (the trip counts it is used on are compile-time constants).
 /// nvcc's device pass takes `unroll`. Its host pass gets nothing: nvcc's front end parses
 /// the host code too and warns about every GCC or Clang loop pragma ("unrecognized GCC
-/// pragma"); host code in .cu files is the scalar reference, not a hot path.
+/// pragma"). So the host kernels of a .cu file are compiled unhinted: the same code as
+/// a .cpp file's (see CGX_HAS_HOST_SIMD), less unrolled where GCC would have been told to.
 #if defined(__CUDA_ARCH__)
 #define CGX_UNROLL _Pragma("unroll")
 #elif defined(__CUDACC__)
@@ -91,12 +92,16 @@
 #define CGX_VECTORIZE
 #endif
 
-/// Host SIMD kernels (quant/host_simd.hpp): compiled with GCC or Clang, not by nvcc (not
-/// even its host pass, which rejects some vector-extension casts: .cu files get the
-/// scalar reference, which writes the same bytes), and not when CGX_NO_HOST_SIMD is
-/// defined. CGX_HOST_SIMD_X86 / CGX_HOST_SIMD_NEON say which family of kernels is
-/// compiled; quant/host_isa.hpp picks one at run time.
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && !defined(CGX_NO_HOST_SIMD) && \
+/// Host SIMD kernels (quant/host_simd.hpp): compiled with GCC or Clang, and by nvcc's
+/// host pass (its host compiler is GCC or Clang), unless CGX_NO_HOST_SIMD is defined
+/// (then in every translation unit of the program). The same in .cu and .cpp files: the
+/// host functions and templates a program's .cu and .cpp files both instantiate must be
+/// the same code (the one-definition rule), or the linker keeps one of them for both.
+/// When .cu files got the scalar reference alone, a program with both (every CUDA
+/// training code; cgx_torch's CUDA build) could run its host kernels scalar everywhere,
+/// whichever definitions the linker kept. CGX_HOST_SIMD_X86 / CGX_HOST_SIMD_NEON say
+/// which family of kernels is compiled; quant/host_isa.hpp picks one at run time.
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(CGX_NO_HOST_SIMD) && \
     (defined(__x86_64__) || defined(__aarch64__))
 #define CGX_HAS_HOST_SIMD 1
 #if defined(__x86_64__)

@@ -10,7 +10,7 @@
 ///
 /// | host_isa | where | kernels |
 /// |---|---|---|
-/// | `scalar` | everywhere | the value-by-value reference (the only path of nvcc's host pass) |
+/// | `scalar` | everywhere | the value-by-value reference (the only path where CGX_NO_HOST_SIMD is defined) |
 /// | `sse2`   | x86-64 (its baseline) | 16-byte vectors, SSE2 intrinsics for float encode |
 /// | `avx2`   | x86-64 with AVX2 and FMA | 32-byte vectors, AVX2 intrinsics for float encode |
 /// | `avx512` | x86-64 with AVX-512 F/BW/DQ/VL | the AVX2 kernels compiled for AVX-512VL (32 registers, EVEX) |

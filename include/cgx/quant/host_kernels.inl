@@ -77,14 +77,14 @@ typedef std::uint8_t bytes32 __attribute__((vector_size(32)));
 template <class U>
 CGX_FORCEINLINE auto narrow(U v) {
   if constexpr (sizeof(U) == 32) {
-    const bytes32 b = reinterpret_cast<bytes32>(v);
+    const bytes32 b = __builtin_bit_cast(bytes32, v);
     return __builtin_shufflevector(b, b, 0, 4, 8, 12, 16, 20, 24, 28);
   } else if constexpr (sizeof(U) == 16) {
-    const bytes16 b = reinterpret_cast<bytes16>(v);
+    const bytes16 b = __builtin_bit_cast(bytes16, v);
     return __builtin_shufflevector(b, b, 0, 4, 8, 12);
   } else {
     static_assert(sizeof(U) == 8);
-    const bytes8 b = reinterpret_cast<bytes8>(v);
+    const bytes8 b = __builtin_bit_cast(bytes8, v);
     return __builtin_shufflevector(b, b, 0, 4);
   }
 }
@@ -95,17 +95,19 @@ CGX_FORCEINLINE U widen(const std::uint8_t* p) {
   constexpr int N = sizeof(U) / 4;
 #if defined(CGX_HOST_SIMD_X86)
   if constexpr (vector_bytes == 32 && N == 8) {
-    return reinterpret_cast<U>(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    return __builtin_bit_cast(U, _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   } else if constexpr (N == 4) {
     std::int32_t w;
     std::memcpy(&w, p, 4);
     const __m128i z = _mm_setzero_si128();
-    return reinterpret_cast<U>(_mm_unpacklo_epi16(_mm_unpacklo_epi8(_mm_cvtsi32_si128(w), z), z));
-  }
+    return __builtin_bit_cast(U, _mm_unpacklo_epi16(_mm_unpacklo_epi8(_mm_cvtsi32_si128(w), z), z));
+  } else
 #endif
-  U u;
-  for (int l = 0; l < N; ++l) u[l] = p[l];
-  return u;
+  {
+    U u;
+    for (int l = 0; l < N; ++l) u[l] = p[l];
+    return u;
+  }
 }
 
 /// Byte Q of the words holding the codes c[0..7] (pack_byte, lane by lane).
@@ -342,7 +344,8 @@ CGX_FORCEINLINE x86::vi pack_plane(const x86::vi (&cb)[8]) {
 
 /// Philox4x32 (stochastic_philox_rounds rounds, as philox4x32) of the counters (j + l,
 /// first, counter) of the G lanes-wide groups of positions l = 0..G lanes - 1; on return
-/// w[g][i] holds output word i of position j + lanes g + l in 32-bit lane l.
+/// w[g][i] (g < G: w points to G groups of 4 words) holds output word i of position
+/// j + lanes g + l in 32-bit lane l.
 /// pmuludq multiplies the low halves of 64-bit lanes into full 64-bit products, so the
 /// rounds run there: per group, one register carries the even positions and one the
 /// odd, each in the low halves of its 64-bit lanes. A product then *is* the (lo, hi)
@@ -352,7 +355,7 @@ CGX_FORCEINLINE x86::vi pack_plane(const x86::vi (&cb)[8]) {
 /// round. Words 1..3 of every counter are equal across positions, so the first round's
 /// multiply of word 2 and the second round's of word 0 are scalar.
 template <int G>
-CGX_FORCEINLINE void philox_groups(x86::vi (&w)[G][4], std::uint32_t j, std::uint64_t first, std::uint32_t counter,
+CGX_FORCEINLINE void philox_groups(x86::vi (*w)[4], std::uint32_t j, std::uint64_t first, std::uint32_t counter,
                                    std::uint32_t k0, std::uint32_t k1) {
   using vi = x86::vi;
   constexpr std::uint32_t m0 = 0xD2511F53u, m1 = 0xCD9E8D57u;
@@ -454,7 +457,7 @@ inline std::uint32_t encode_f32(const float* CGX_RESTRICT x, std::uint32_t S, fl
       // two groups at a time: their 16 state registers fit the register file
       CGX_UNROLL
       for (int g = 0; g < G; g += 2)
-        philox_groups<2>(reinterpret_cast<vi(&)[2][4]>(w[g]), j + static_cast<std::uint32_t>(x86::lanes * g), first,
+        philox_groups<2>(w + g, j + static_cast<std::uint32_t>(x86::lanes * g), first,
                          rng.counter, k0, k1);
     }
     vi cb[8];

@@ -1,8 +1,8 @@
 #pragma once
 /// \file host_reference.hpp
 /// The scalar host kernels of cgx::quant::maxmin: one value at a time, exactly the
-/// expressions of wire_format.hpp. They are the portable path (nvcc's host pass,
-/// CGX_NO_HOST_SIMD, other CPUs), the tails and partial buckets of the SIMD paths, and
+/// expressions of wire_format.hpp. They are the portable path (compilers other than
+/// GCC and Clang, CGX_NO_HOST_SIMD, other CPUs), the tails and partial buckets of the SIMD paths, and
 /// the reference the SIMD paths are tested against. The bucket functions are never
 /// inlined: every instruction set's loop calls the one copy (a call per bucket), instead
 /// of each compiling its own.
