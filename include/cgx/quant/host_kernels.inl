@@ -51,7 +51,7 @@ CGX_FORCEINLINE void store(void* p, const V& v) {
 
 template <class V, class S>
 CGX_FORCEINLINE V splat(S s) {
-  V v;
+  V v{};  // (zeroed: GCC 12 -march=native otherwise warns "may be used uninitialized"; folded away)
   for (std::size_t i = 0; i < sizeof(V) / sizeof(s); ++i) v[i] = s;
   return v;
 }
@@ -104,7 +104,7 @@ CGX_FORCEINLINE U widen(const std::uint8_t* p) {
   } else
 #endif
   {
-    U u;
+    U u{};
     for (int l = 0; l < N; ++l) u[l] = p[l];
     return u;
   }
