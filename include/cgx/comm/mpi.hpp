@@ -429,7 +429,7 @@ class mpi {
     if (poll && !fault_->failed && fault_->listen != MPI_REQUEST_NULL) {
       int flag = 0;
       MPI_Test(&fault_->listen, &flag, MPI_STATUS_IGNORE);
-      if (flag) record_report();
+      if (flag) record_report(" inside a collective call");
     }
     if (fault_->failed)
       throw cgx::error(fault_->code, fault_->what + "; the plan cannot be used after that (build a new one)");
@@ -478,7 +478,7 @@ class mpi {
           // peer that reports a failure has passed this reduction, so it completes here
           // too. The report fails the transport (the first call throws it); the plan is
           // built on every rank, and every rank's error comes from the same call.
-          record_report();
+          record_report(" inside a collective call");
           continue;
         }
         // A peer's report. The reduction cannot be cancelled: it stays with MPI, on a
@@ -551,16 +551,16 @@ class mpi {
     throw cgx::error(code, msg);
   }
 
-  /// A peer's report arrived outside a wait (throw_if_failed, or a plan's construction):
-  /// the transport is failed, and the report passed on.
-  void record_report() noexcept {
+  /// A peer's report arrived (its receive completed): the transport is failed, with the
+  /// report's message and `where` after it, and the report passed on.
+  void record_report(const char* where) noexcept {
     fault_->listen = MPI_REQUEST_NULL;
     const auto code = static_cast<errc>(fault_->in[1]);
     fault_->failed = true;
     fault_->code = detail::reported_code(code);
     try {
       fault_->what = "cgx::comm::mpi (rank " + std::to_string(rank_) + "): " +
-                     detail::reported_failure(fault_->in[0], code, fault_->in[2]) + " inside a collective call";
+                     detail::reported_failure(fault_->in[0], code, fault_->in[2]) + where;
     } catch (...) {  // no memory for the message: the code says it
     }
     // Passed on, as a waiting rank passes it on: a peer that waits for this rank
@@ -581,28 +581,27 @@ class mpi {
     MPI_Group_translate_ranks(mine, size_, all.data(), theirs, c.ranks.data());
     MPI_Group_free(&mine);
     MPI_Group_free(&theirs);
-    if (fault_->failed) {  // split from a failed transport: failed too (its peers know)
-      out.fault_->failed = true;
-      out.fault_->code = fault_->code;
-      out.fault_->what = fault_->what;
-    }
+    if (fault_->failed) inherit_failure(*out.fault_, *fault_);  // split from a failed transport (its peers know)
     fault_->children.push_back(std::move(c));
     return out;
   }
 
   /// A peer's report arrived: fail with its code, naming it.
   [[noreturn]] void peer_reported(std::span<request> reqs) {
-    const auto code = static_cast<errc>(fault_->in[1]);
-    const std::string msg = "cgx::comm::mpi (rank " + std::to_string(rank_) + "): " +
-                            detail::reported_failure(fault_->in[0], code, fault_->in[2]) +
-                            " inside this collective call; this call stopped waiting";
-    fault_->failed = true;
-    fault_->code = detail::reported_code(code);
-    fault_->what = msg;
-    fault_->listen = MPI_REQUEST_NULL;  // completed by MPI_Waitany
+    record_report(" inside this collective call; this call stopped waiting");  // (completed by MPI_Waitany)
     cancel(reqs);
-    tell(fault_->in[0], code, fault_->in[2]);  // peers that wait on this rank only hear it from here
-    throw cgx::error(fault_->code, msg);
+    throw cgx::error(fault_->code, fault_->what);
+  }
+
+  /// Fails channel `to` as `from` failed (its code and message), unless it failed before.
+  static void inherit_failure(fault_channel& to, const fault_channel& from) noexcept {
+    if (to.failed) return;
+    to.failed = true;
+    to.code = from.code;
+    try {
+      to.what = from.what;
+    } catch (...) {  // no memory for the message: the code says it
+    }
   }
 
   /// Sends the report (origin, code, waited_for) to every peer, once per transport: this
@@ -639,14 +638,7 @@ class mpi {
     for (const child& c : f.children) {
       const std::shared_ptr<fault_channel> ch = c.channel.lock();
       if (!ch || ch->told) continue;
-      if (!ch->failed) {
-        ch->failed = true;
-        ch->code = f.code;
-        try {
-          ch->what = f.what;
-        } catch (...) {
-        }
-      }
+      inherit_failure(*ch, f);
       const int o = in_child(c, origin);
       const int w = in_child(c, waited_for);
       tell(*ch, o == MPI_UNDEFINED ? ch->rank : o, code, w == MPI_UNDEFINED ? -1 : w);
