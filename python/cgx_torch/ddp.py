@@ -131,6 +131,7 @@ class CGXState:
                              "(mpi4py's default; see mpi4py.rc.thread_level)")
         self.overlap = multiple if overlap is None else bool(overlap)
         self.plans = {}  # bucket index -> (layout key, plan)
+        self._staging = {}  # bucket index -> its float32 buffer (float16/bfloat16 buckets)
         self.calls = 0
         self._worker = None
         _states.add(self)
@@ -182,12 +183,23 @@ class CGXState:
             _core.exact_allreduce_(self.comm, buf)
             self.calls += 1
             return buf.div_(self.comm.size)
-        work = _core.staged(buf) if isinstance(buf, torch.Tensor) else buf
+        work = self._staged(index, buf) if isinstance(buf, torch.Tensor) else buf
         plan = self.plan_for(index, buf, layers, work)
         plan.run(work)
         work.div_(plan.world)
         self.calls += 1
         return _core.unstage(buf, work)
+
+    def _staged(self, index, buf):
+        """buf itself, or (float16/bfloat16) buf copied into bucket `index`'s float32
+        buffer, allocated once per layout and reused every step."""
+        if buf.dtype not in _core.STAGED_DTYPES:
+            return buf
+        work = self._staging.get(index)
+        if work is None or work.numel() != buf.numel() or work.device != buf.device:
+            work = torch.empty(buf.numel(), dtype=torch.float32, device=buf.device)
+            self._staging[index] = work
+        return work.view(buf.shape).copy_(buf)
 
     def submit(self, fn, fut):
         """Runs fn() on this state's background thread, completing fut with its result."""
@@ -203,6 +215,7 @@ class CGXState:
             self._worker.stop()
             self._worker = None
         self.plans.clear()
+        self._staging.clear()
 
 
 def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
