@@ -101,7 +101,13 @@
 /// training code; cgx_torch's CUDA build) could run its host kernels scalar everywhere,
 /// whichever definitions the linker kept. CGX_HOST_SIMD_X86 / CGX_HOST_SIMD_NEON say
 /// which family of kernels is compiled; quant/host_isa.hpp picks one at run time.
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(CGX_NO_HOST_SIMD) && \
+///
+/// Never in nvcc's device pass (__CUDA_ARCH__): device code calls no host kernel, and
+/// under --expt-relaxed-constexpr the kernels' lambdas would become __host__ __device__
+/// and reach the device code generator with GCC vector builtins it cannot lower (an
+/// internal compiler error in cicc, seen building cgx_torch's CUDA extension). The
+/// device pass emits no host function, so the host pass's definitions are the only ones.
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(CGX_NO_HOST_SIMD) && !defined(__CUDA_ARCH__) && \
     (defined(__x86_64__) || defined(__aarch64__))
 #define CGX_HAS_HOST_SIMD 1
 #if defined(__x86_64__)

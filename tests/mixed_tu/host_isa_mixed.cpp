@@ -38,8 +38,14 @@ int main() {
   std::vector<float> x(10 * 1024 + 333);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 2654435761u) % 1000) * 0.01f - 5.0f;
   const auto a = mixed::cu_compress(x), b = mixed::cpp_compress(x);
+  std::vector<float> da(x), db(x);
+  mixed::cu_decompress_add(a, da);
+  mixed::cpp_decompress_add(a, db);
   cgx::quant::force_host_isa(cgx::quant::host_isa::scalar);
   const auto ref = mixed::cpp_compress(x);
   check(a == ref && b == ref, "both units write the scalar reference's bytes");
+  std::vector<float> dref(x);
+  mixed::cpp_decompress_add(ref, dref);
+  check(da == dref && db == dref, "both units decode-add the scalar reference's values");
   return failures == 0 ? 0 : 1;
 }

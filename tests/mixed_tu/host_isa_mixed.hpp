@@ -17,6 +17,9 @@ report cpp_report();
 // maxmin<4, 1024, stochastic>::compress of x (seed 7) from each unit.
 std::vector<std::byte> cu_compress(const std::vector<float>& x);
 std::vector<std::byte> cpp_compress(const std::vector<float>& x);
+/// out[i] += the decoded bytes (decompress_add), from each unit.
+void cu_decompress_add(const std::vector<std::byte>& bytes, std::vector<float>& out);
+void cpp_decompress_add(const std::vector<std::byte>& bytes, std::vector<float>& out);
 }  // namespace mixed
 
 // The two functions of one half, compiled in the unit that expands it (after including
@@ -34,5 +37,9 @@ std::vector<std::byte> cpp_compress(const std::vector<float>& x);
     r.seed = 7;                                                                                       \
     Q::compress(x.data(), x.size(), out.data(), r, cgx::quant::host_exec{1});                         \
     return out;                                                                                       \
+  }                                                                                                   \
+  void PREFIX##_decompress_add(const std::vector<std::byte>& bytes, std::vector<float>& out) {        \
+    using Q = cgx::quant::maxmin<4, 1024, cgx::quant::stochastic>;                                    \
+    Q::decompress_add(bytes.data(), out.size(), out.data(), cgx::quant::host_exec{1});                \
   }                                                                                                   \
   }
