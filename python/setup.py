@@ -5,9 +5,11 @@ against the installed torch.
     pip install --break-system-packages --no-build-isolation ./python   # Debian 12, as root
     python3 setup.py build --build-lib DIR                               # no install: PYTHONPATH=DIR
 
-Needs: torch (>= 1.13), mpi4py, a C++20 compiler (g++ >= 11), cgx's headers
-(../include, or CGX_INCLUDE_DIR) and the MPI that mpi4py was built with (found through
-mpi4py's mpicc, or MPICC). A CUDAExtension with the device plans is built when torch
+Needs: torch (>= 1.13), a C++20 compiler (g++ >= 11) and cgx's headers (../include, or
+CGX_INCLUDE_DIR). Where mpi4py is importable (or CGX_TORCH_MPI=1) the plans over mpi4py
+communicators are built too, against the MPI that mpi4py was built with (found through
+mpi4py's mpicc, or MPICC); without it (CGX_TORCH_MPI=0, or no mpi4py) cgx_torch runs over
+torch.distributed process groups only (torchrun; no MPI anywhere). A CUDAExtension with the device plans is built when torch
 has CUDA and nvcc is found (CUDA >= 12 for C++20); CGX_TORCH_CUDA=0 forces CPU only.
 Its GPU architectures: TORCH_CUDA_ARCH_LIST (e.g. "9.0"), else the visible GPUs', else,
 on a machine without one (a login or build node), those this torch was built for that
@@ -36,6 +38,20 @@ def cgx_include():
     return d
 
 
+def want_mpi():
+    """Whether to build the MPI half (plans over mpi4py communicators): CGX_TORCH_MPI
+    ("0" or "1"), else whether mpi4py is importable. Without it the plans run over
+    torch.distributed process groups only (torchrun, no MPI needed)."""
+    env = os.environ.get("CGX_TORCH_MPI")
+    if env is not None:
+        return env not in ("0", "", "off", "OFF")
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def mpi_flags():
     """Compile and link flags of the MPI that mpi4py uses: ask its mpicc wrapper."""
     mpicc = os.environ.get("MPICC")
@@ -45,7 +61,8 @@ def mpi_flags():
 
             mpicc = mpi4py.get_config().get("mpicc")
         except ImportError:
-            sys.exit("cgx_torch: mpi4py is needed (Debian: apt-get install python3-mpi4py)")
+            sys.exit("cgx_torch: CGX_TORCH_MPI=1 needs mpi4py (Debian: apt-get install python3-mpi4py; "
+                     "or pip install mpi4py), or MPICC naming MPI's compiler wrapper")
     mpicc = mpicc or "mpicc"
 
     def ask(*args):
@@ -116,7 +133,10 @@ def default_cuda_archs():
     return ";".join(archs[:-1] + [archs[-1] + "+PTX"])
 
 
-inc, mpi_cflags, libdirs, libs, lflags = mpi_flags()
+mpi = want_mpi()
+inc, mpi_cflags, libdirs, libs, lflags = mpi_flags() if mpi else ([], [], [], [], [])
+print(f"cgx_torch: building {'with' if mpi else 'without'} MPI (mpi4py communicators); "
+      "torch.distributed process groups always", file=sys.stderr)
 cuda = want_cuda()
 if cuda:
     archs = default_cuda_archs()
@@ -125,14 +145,24 @@ if cuda:
               "(this torch's architectures; set TORCH_CUDA_ARCH_LIST to build fewer)", file=sys.stderr)
         os.environ["TORCH_CUDA_ARCH_LIST"] = archs
 csrc = os.path.join("csrc")
-sources = [os.path.join(csrc, f) for f in ("bindings.cpp", "plans.cpp", "host_plan_f32_stochastic.cpp",
-                                          "host_plan_f32_nearest.cpp", "host_plan_f64_stochastic.cpp",
-                                          "host_plan_f64_nearest.cpp")]
+plan_tus = [f"{kind}_{t}_{r}.cpp" for kind in (("host_plan", "pg_plan") if mpi else ("pg_plan",))
+            for t in ("f32", "f64") for r in ("stochastic", "nearest")]
+sources = [os.path.join(csrc, f) for f in ["bindings.cpp", "plans.cpp", "pg_plans.cpp"] + plan_tus]
 # torch 1.13's headers are C++14 code and warn under C++20 (std::iterator, is_pod). No
 # debug information (Python's CFLAGS add -g): it triples the build time of the kernels.
-cxx = ["-std=c++20", "-O2", "-g0", "-Wno-deprecated-declarations"] + mpi_cflags
+# CGX_TORCH_OPT: the optimization of the host code (default -O2); a build that is only
+# compiled, never run (CI's GPU rehearsal), uses -O0.
+opt = os.environ.get("CGX_TORCH_OPT", "-O2")
+cxx = ["-std=c++20", opt, "-g0", "-Wno-deprecated-declarations"] + mpi_cflags
 define_macros = [("OMPI_SKIP_MPICXX", "1"), ("MPICH_SKIP_MPICXX", "1")]  # MPI's C API only
+if mpi:
+    define_macros.append(("CGX_TORCH_WITH_MPI", "1"))
 extra = {"cxx": cxx}
+# The device plans run over comm::mpi (mpi_device): a build without MPI has none; its CUDA
+# tensors are staged through the host over the process group.
+if cuda and not mpi:
+    print("cgx_torch: no MPI: device plans not built (CUDA tensors go through host copies)", file=sys.stderr)
+    cuda = False
 if cuda:
     sources.append(os.path.join(csrc, "device_plans.cu"))
     define_macros.append(("CGX_TORCH_WITH_CUDA", "1"))
@@ -140,7 +170,7 @@ if cuda:
     # the half operators (our .cu includes no torch header, so this changes nothing of torch's).
     no_half = ["__CUDA_NO_HALF_OPERATORS__", "__CUDA_NO_HALF_CONVERSIONS__", "__CUDA_NO_BFLOAT16_CONVERSIONS__",
                "__CUDA_NO_HALF2_OPERATORS__"]
-    extra["nvcc"] = (["-std=c++20", "-O2", "--expt-relaxed-constexpr"] + [f"-U{m}" for m in no_half] +
+    extra["nvcc"] = (["-std=c++20", opt, "--expt-relaxed-constexpr"] + [f"-U{m}" for m in no_half] +
                      [f"-I{d}" for d in inc] + [f"-D{k}={v}" for k, v in define_macros])
     Ext = cpp_extension.CUDAExtension
 else:

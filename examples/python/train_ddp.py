@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """DDP training of a small MLP on CPU with and without cgx's communication hook.
 
-    mpirun -np 4 python3 examples/python/train_ddp.py          # [--epochs 4] [--no-check]
+    torchrun --standalone --nproc-per-node 4 examples/python/train_ddp.py   # [--epochs 4] [--no-check]
+    mpirun -np 4 python3 examples/python/train_ddp.py
 
 Every rank builds the same synthetic classification task (10 classes, each a mixture of
 4 Gaussian blobs in 32 dimensions; fixed seed) and trains the same initial MLP with
@@ -12,15 +13,15 @@ hook with CGX's adaptive bits (2..8 bits, average <= 3.5). It prints held-out ac
 and time per step, and checks (exit status 1 otherwise, unless --no-check):
   - cgx 4-bit ends within 1 percentage point of fp32's held-out accuracy;
   - after training, every rank holds bit-identical parameters (each configuration).
-Launch with mpirun (the ranks share MPI.COMM_WORLD, which the hook uses); DDP's gloo
-group is set up from it (MASTER_ADDR 127.0.0.1, a free port picked by rank 0).
+Under torchrun the hook sends cgx's messages over DDP's own gloo group (no MPI needed);
+under mpirun over MPI.COMM_WORLD, DDP's gloo group being set up from it (MASTER_ADDR
+127.0.0.1, a free port picked by rank 0).
 """
 import argparse
 import hashlib
+import os
 import sys
 import time
-
-from mpi4py import MPI  # initializes MPI before cgx_torch needs it
 
 import torch
 import torch.distributed as dist
@@ -31,6 +32,38 @@ import cgx_torch
 
 DIMS = (32, 256, 128, 64, 10)
 CLASSES, BLOBS = 10, 4
+
+
+class Ranks:
+    """What the script asks of the job: rank, size, allgather, max, broadcast from rank 0;
+    over torch.distributed (torchrun) or mpi4py (mpirun)."""
+
+    def __init__(self):
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun: its environment names the group
+            dist.init_process_group("gloo")
+            self.mpi = None
+            self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        else:
+            from mpi4py import MPI  # initializes MPI before cgx_torch needs it
+
+            self.mpi = MPI
+            c = MPI.COMM_WORLD
+            cgx_torch.init_process_group_from_mpi(c)  # DDP's gloo group over the same ranks
+            self.rank, self.size = c.rank, c.size
+        self.launcher = "mpirun (cgx over MPI)" if self.mpi else "torchrun (cgx over the gloo group)"
+
+    def allgather(self, obj):
+        if self.mpi:
+            return self.mpi.COMM_WORLD.allgather(obj)
+        out = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def max(self, x):
+        return max(self.allgather(x))
+
+    def bcast(self, obj):
+        return self.allgather(obj)[0]
 
 
 def make_data(n_train, n_test, noise, seed=20221107):
@@ -75,7 +108,7 @@ def train(cfg, args, comm, train_set, test_set):
     if cfg != "fp32":
         adaptive = cgx_torch.AdaptiveOptions(min_bits=2, max_bits=8, target_bits=3.5, interval=16) \
             if cfg == "adaptive" else None
-        state = cgx_torch.CGXState(comm, bits=4, adaptive=adaptive)
+        state = cgx_torch.CGXState(bits=4, adaptive=adaptive)  # the launcher's group
         model.register_comm_hook(state, cgx_torch.cgx_hook)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
@@ -103,7 +136,7 @@ def train(cfg, args, comm, train_set, test_set):
         tloss = loss_fn(out, test_set[1]).item()
     digests = comm.allgather(param_digest(model.module))
     # Time per step: the slowest rank's mean (after the first, warm-up, step of the run).
-    ms = comm.allreduce(1e3 * sum(step_times[1:]) / max(1, len(step_times) - 1), op=MPI.MAX)
+    ms = comm.max(1e3 * sum(step_times[1:]) / max(1, len(step_times) - 1))
     avg_bits = sum(bits) / len(bits) if bits else 32.0
     final = state.layer_bits() if state is not None else None
     if state is not None:
@@ -126,8 +159,7 @@ def main():
     args = ap.parse_args()
 
     torch.set_num_threads(1)  # several ranks share the cores
-    comm = MPI.COMM_WORLD
-    cgx_torch.init_process_group_from_mpi(comm)  # DDP's gloo group over the same ranks
+    comm = Ranks()
     rank, p = comm.rank, comm.size
     train_set, test_set = make_data(args.train, args.test, args.noise)
     n_params = sum(q.numel() for q in make_model().parameters())
@@ -136,7 +168,7 @@ def main():
               f"{args.test} held-out samples, {args.epochs} epochs, batch {args.batch} per rank, SGD lr {args.lr} "
               f"momentum 0.9, DDP over gloo (bucket_cap_mb {args.bucket_mb}); cgx hook: layer-wise plan, bucket 1024, "
               f"stochastic rounding; adaptive: 2..8 bits, average <= 3.5, re-assigned every 16 steps")
-        print(f"cgx_torch: {cgx_torch.build_info()}; torch {torch.__version__}")
+        print(f"cgx_torch: {cgx_torch.build_info()}; torch {torch.__version__}; launched by {comm.launcher}")
         print(f"{'config':<10} {'test_acc':>9} {'test_loss':>10} {'bits/value':>11} {'step_ms':>9}  same params")
     results = {}
     ok = True
@@ -161,7 +193,7 @@ def main():
             ok &= within
             print(f"check: cgx 4-bit within 1 pp of fp32 accuracy ({a4:.2f}% vs {a32:.2f}%): "
                   f"{'ok' if within else 'FAILED'}")
-    ok = comm.bcast(ok, root=0)
+    ok = comm.bcast(ok)
     dist.destroy_process_group()
     cgx_torch.free_plans()
     if not ok and not args.no_check:

@@ -7,23 +7,27 @@
 - ``cgx_torch.allreduce_(tensor, bits=4)``: an in-place compressed sum over an mpi4py
   communicator, for code that is not DDP.
 
-The ranks share an MPI communicator (mpi4py's MPI.COMM_WORLD or one you pass); launch
-with mpirun. CPU tensors (float32, float64; float16 and bfloat16 through a float32
+The ranks share torch.distributed's process group (launch with torchrun; cgx's messages
+go over the group's own gloo send/recv, no MPI needed) or an MPI communicator (launch
+with mpirun; mpi4py's MPI.COMM_WORLD or one you pass). CPU tensors (float32, float64; float16 and bfloat16 through a float32
 copy) go through the host plans; CUDA tensors through the device plans where this build
 has them (``device_plans_compiled()``); integer, bool and complex tensors are reduced
 exactly by MPI. See docs/pytorch.md.
 """
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from ._C import PlanConfig, Plan, build_info, device_plans_compiled
+from ._C import PlanConfig, Plan, build_info, device_plans_compiled, mpi_compiled
 from ._core import (COMPRESSED_DTYPES, EXACT_DTYPES, SUPPORTED_DTYPES, AdaptiveOptions, CGXError, MismatchError, Settings, allreduce_, free_plans,
                     make_settings)
 from .ddp import CGXState, bucket_layers, cgx_hook, init_process_group_from_mpi
+from . import backend
+
+backend.register()  # dist.init_process_group("cgx") (torch >= 2.x)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AdaptiveOptions", "COMPRESSED_DTYPES", "CGXError", "EXACT_DTYPES", "CGXState", "MismatchError", "Plan", "PlanConfig", "SUPPORTED_DTYPES",
     "Settings", "allreduce_", "bucket_layers", "build_info", "cgx_hook", "device_plans_compiled", "free_plans",
-    "init_process_group_from_mpi", "make_settings",
+    "init_process_group_from_mpi", "make_settings", "mpi_compiled",
 ]

@@ -1,10 +1,12 @@
 """Plans, checks and the plain ``allreduce_``: the parts of cgx_torch that are not DDP."""
 import atexit
 import hashlib
+import os
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 from . import _C
 
@@ -126,7 +128,163 @@ def comm_handle(comm):
     try:
         return comm, int(comm.py2f())
     except AttributeError:
-        raise TypeError(f"cgx_torch: comm must be an mpi4py communicator (got {type(comm).__name__})") from None
+        raise TypeError("cgx_torch: comm must be a torch.distributed ProcessGroup or an mpi4py communicator "
+                        f"(got {type(comm).__name__})") from None
+
+
+#: Environment variables an MPI launcher (mpirun/mpiexec of Open MPI, MPICH, Slurm's PMI)
+#: sets in each rank: under one, comm=None means MPI.COMM_WORLD.
+_MPI_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+
+
+class MPIGroup:
+    """The ranks of an mpi4py communicator: plans over comm::mpi (cgx's MPI transport)."""
+
+    stages_cuda = False  # device plans take CUDA tensors themselves
+
+    def __init__(self, comm):
+        """comm: an mpi4py intra-communicator."""
+        self.comm, self.comm_f = comm_handle(comm)
+        self.size, self.rank = self.comm.size, self.comm.rank
+        self.key = ("mpi", self.comm_f)
+
+    def check(self, hash_, bad):
+        """Collective: (every rank passed the same hash, some rank passed bad)."""
+        return _C.collective_check(self.comm_f, hash_, bad)
+
+    def plan(self, t, layers, settings):
+        """A plan for tensor t's buffer (collective)."""
+        dev = t.device
+        index = dev.index if dev.index is not None else (torch.cuda.current_device() if dev.type == "cuda" else -1)
+        return _C.Plan(self.comm_f, str(t.dtype).replace("torch.", ""), dev.type, index, t.numel(), layers,
+                       settings.config())
+
+    def exact_allreduce_(self, t):
+        """Sums t in place with MPI itself (exact; bool: logical or); CUDA through a host copy."""
+        from mpi4py import MPI
+
+        host = t if t.device.type == "cpu" else t.cpu()
+        self.comm.Allreduce(MPI.IN_PLACE, host.numpy(), op=MPI.LOR if t.dtype == torch.bool else MPI.SUM)
+        if host is not t:
+            t.copy_(host)
+        return t
+
+    def threads_ok(self):
+        """Whether a background thread may reduce (MPI initialized with MPI_THREAD_MULTIPLE)."""
+        from mpi4py import MPI
+
+        return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def _group_store(pg):
+    """The Store torch.distributed keeps for process group pg (None when this torch hides it)."""
+    c10d = dist.distributed_c10d
+    for get in (lambda: c10d._world.pg_map[pg][1], lambda: c10d._pg_map[pg][1]):  # torch >= 2.0 / 1.13
+        try:
+            return get()
+        except (AttributeError, KeyError, IndexError, TypeError):
+            pass
+    return None
+
+
+def _group_name(pg):
+    """pg's name in torch.distributed (the same on every rank of the group; "" when hidden)."""
+    c10d = dist.distributed_c10d
+    for get in (lambda: c10d._world.pg_names[pg], lambda: c10d._pg_names[pg]):  # torch >= 2.0 / 1.13
+        try:
+            return str(get())
+        except (AttributeError, KeyError, TypeError):
+            pass
+    return ""
+
+
+def _group_timeout_ms(pg):
+    """pg's timeout in milliseconds (init_process_group's / new_group's `timeout`), else torch's default."""
+    import datetime
+
+    c10d = dist.distributed_c10d
+    t = None
+    for get in (lambda: pg.options._timeout, lambda: pg._get_backend(torch.device("cpu")).options._timeout,
+                lambda: c10d._world.pg_timeout[pg] if hasattr(c10d._world, "pg_timeout") else None):
+        try:
+            t = get()
+        except (AttributeError, KeyError, RuntimeError, TypeError):
+            t = None
+        if isinstance(t, datetime.timedelta):
+            break
+    if not isinstance(t, datetime.timedelta):
+        t = getattr(c10d, "default_pg_timeout", datetime.timedelta(minutes=30))
+    return max(1, int(t.total_seconds() * 1000))
+
+
+class TorchGroup:
+    """The ranks of a torch.distributed process group (gloo): plans over the group's own
+    send/recv (the extension's Channel), failure reports through its Store. Needs no MPI.
+    CUDA tensors are staged through a host copy (the device plans run over MPI)."""
+
+    stages_cuda = True
+
+    def __init__(self, pg):
+        """pg: a torch.distributed ProcessGroup (dist.group.WORLD for the default one)."""
+        if pg is None or pg == dist.GroupMember.WORLD:
+            pg = dist.distributed_c10d._get_default_group()
+        self.pg = pg
+        self.timeout_ms = _group_timeout_ms(pg)
+        # The failure key names the group: torch 1.13 gives every group the same Store.
+        self.channel = _C.Channel(pg, _group_store(pg), self.timeout_ms, "cgx_torch/failure/" + _group_name(pg))
+        self.size, self.rank = self.channel.size, self.channel.rank
+        self.key = ("torch", id(pg))
+
+    def check(self, hash_, bad):
+        """Collective: (every rank passed the same hash, some rank passed bad)."""
+        return self.channel.check(hash_, bad)
+
+    def plan(self, t, layers, settings):
+        """A plan for the (CPU) tensor t's buffer (collective)."""
+        return _C.Plan(self.channel, str(t.dtype).replace("torch.", ""), "cpu", -1, t.numel(), layers,
+                       settings.config())
+
+    def exact_allreduce_(self, t):
+        """Sums t in place with the group's own allreduce (exact; bool: logical or)."""
+        if t.dtype == torch.bool:
+            u = t.to(torch.uint8)
+            dist.all_reduce(u, op=dist.ReduceOp.MAX, group=self.pg)
+            return t.copy_(u.bool())
+        dist.all_reduce(t, group=self.pg)
+        return t
+
+    def threads_ok(self):
+        """gloo's operations may come from a background thread."""
+        return True
+
+
+_groups = {}
+
+
+def group_of(comm):
+    """The group cgx reduces over: an mpi4py communicator, a torch.distributed
+    ProcessGroup, or None: MPI.COMM_WORLD under an MPI launcher (mpirun) where this build
+    has MPI, else torch.distributed's default group (torchrun), else MPI.COMM_WORLD."""
+    if comm is None:
+        under_mpi = _C.mpi_compiled() and any(v in os.environ for v in _MPI_LAUNCHER_VARS)
+        if not under_mpi and dist.is_available() and dist.is_initialized():
+            comm = dist.distributed_c10d._get_default_group()
+        elif not _C.mpi_compiled():
+            raise CGXError("cgx_torch: no process group: call torch.distributed.init_process_group first (torchrun "
+                           "sets its environment), or pass comm=; this build has no MPI (" + _C.build_info() + ")")
+    if isinstance(comm, dist.ProcessGroup):
+        g = _groups.get(id(comm))
+        if g is None or g.pg is not comm:
+            g = _groups[id(comm)] = TorchGroup(comm)
+        return g
+    if not _C.mpi_compiled():
+        raise CGXError("cgx_torch: this build has no MPI (mpi4py was not importable when it was built): pass a "
+                       f"torch.distributed ProcessGroup, not a {type(comm).__name__}")
+    c, f = comm_handle(comm)
+    g = _groups.get(("mpi", f))
+    if g is None:
+        g = _groups[("mpi", f)] = MPIGroup(c)
+    return g
 
 
 def tensor_problem(t, device_plans=None):
@@ -156,11 +314,11 @@ def stable_hash(obj) -> int:
     return int.from_bytes(d, "little") & ((1 << 62) - 1)
 
 
-def agree(comm_f, key, problem):
-    """Collective: every rank passes its key (settings + layout) and its own problem (an
-    exception or None). Raises, on every rank, this rank's problem, or ValueError when
-    another rank had one, or MismatchError when the keys differ."""
-    same, bad = _C.collective_check(comm_f, stable_hash(key), problem is not None)
+def agree(group, key, problem):
+    """Collective over group: every rank passes its key (settings + layout) and its own
+    problem (an exception or None). Raises, on every rank, this rank's problem, or
+    ValueError when another rank had one, or MismatchError when the keys differ."""
+    same, bad = group.check(stable_hash(key), problem is not None)
     if problem is not None:
         raise problem
     if bad:
@@ -171,17 +329,17 @@ def agree(comm_f, key, problem):
                             f"This rank: {key!r}")
 
 
-def new_plan(comm_f, t, layers, settings: Settings):
-    """A plan for tensor t's buffer (collective; call agree() first)."""
-    dev = t.device
-    return _C.Plan(comm_f, str(t.dtype).replace("torch.", ""), dev.type,
-                   dev.index if dev.index is not None else (torch.cuda.current_device() if dev.type == "cuda" else -1),
-                   t.numel(), layers, settings.config())
+def new_plan(group, t, layers, settings: Settings):
+    """A plan for tensor t's buffer over group (collective; call agree() first)."""
+    return group.plan(t, layers, settings)
 
 
-def staged(t):
+def staged(t, to_host=False):
     """The tensor a plan reduces for t: t itself (float32, float64), or a float32 copy of
-    a float16/bfloat16 t (on t's device)."""
+    a float16/bfloat16 t (on t's device, or on the host with to_host: a CUDA tensor over
+    a torch.distributed group)."""
+    if to_host and t.device.type != "cpu":
+        return t.to("cpu", torch.float32 if t.dtype in STAGED_DTYPES else t.dtype)
     return t.float() if t.dtype in STAGED_DTYPES else t
 
 
@@ -191,18 +349,6 @@ def unstage(t, work):
     float16 arithmetic would give."""
     if work is not t:
         t.copy_(work)
-    return t
-
-
-def exact_allreduce_(comm, t):
-    """Sums t over comm in place with MPI itself (exact; bool: logical or): the reduction
-    of the dtypes cgx does not compress. A CUDA tensor goes through a host copy."""
-    from mpi4py import MPI
-
-    host = t if t.device.type == "cpu" else t.cpu()
-    comm.Allreduce(MPI.IN_PLACE, host.numpy(), op=MPI.LOR if t.dtype == torch.bool else MPI.SUM)
-    if host is not t:
-        t.copy_(host)
     return t
 
 
@@ -217,7 +363,9 @@ _EXACT = "exact"  # _plans' entry for a key reduced by MPI (EXACT_DTYPES)
 
 def allreduce_(tensor, bits=4, *, bucket=1024, rounding="stochastic", min_compressed=1024, error_feedback=False,
                adaptive=None, average=False, comm=None, check="build", seed=0x63677821, threads=1):
-    """Sums ``tensor`` over the ranks of ``comm`` (mpi4py, default MPI.COMM_WORLD) in place,
+    """Sums ``tensor`` over the ranks of ``comm`` in place (a torch.distributed ProcessGroup
+    or an mpi4py communicator; default: MPI.COMM_WORLD under mpirun, else
+    torch.distributed's default group, as torchrun sets up),
     compressed with cgx's layer-wise plan, and returns it. Collective: every rank calls it
     with the same shape, dtype and settings.
 
@@ -236,36 +384,37 @@ def allreduce_(tensor, bits=4, *, bucket=1024, rounding="stochastic", min_compre
 
     float16 and bfloat16 tensors are reduced through a float32 copy (the plans' values and
     metadata in float32), rounded back once after the average. Integer, bool (logical
-    or) and complex tensors are reduced exactly by MPI (``average`` only for complex).
+    or) and complex tensors are reduced exactly by MPI or the group's own allreduce
+    (``average`` only for complex).
 
     Raises TypeError for a dtype none of these covers, ValueError for a non-contiguous
     tensor or an average of integers, CGXError (a RuntimeError) for CUDA tensors in a
     build without device plans and for failures inside cgx.
     """
     s = make_settings(bits, bucket, rounding, min_compressed, error_feedback, adaptive, check, seed, threads)
-    problem = tensor_problem(tensor)
+    group = group_of(comm)
+    problem = tensor_problem(tensor, True if group.stages_cuda else None)
     if problem is None and error_feedback and tensor.device.type == "cuda":
         problem = ValueError("cgx_torch: error feedback is implemented for CPU tensors only")
     exact = problem is None and tensor.dtype in EXACT_DTYPES
     if exact and average and not (tensor.dtype.is_complex or tensor.dtype.is_floating_point):
         problem = ValueError(f"cgx_torch: average=True on a {tensor.dtype} tensor: integer and bool tensors are "
                              "summed exactly; divide the sum yourself")
-    comm, comm_f = comm_handle(comm)
-    key = (comm_f, tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else None,
+    key = (group.key, tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else None,
            str(getattr(tensor, "dtype", None)), device_key(tensor) if isinstance(tensor, torch.Tensor) else None,
            s)
     plan = _plans.get(key)
     if plan is None or s.check == "call":
-        agree(comm_f, key[1:] + ((plan.settings() if plan not in (None, _EXACT) else None),), problem)
+        agree(group, key[1:] + ((plan.settings() if plan not in (None, _EXACT) else None),), problem)
     elif problem is not None:
         raise problem
     if exact:
         _plans[key] = _EXACT  # agreed once, as a plan is
-        exact_allreduce_(comm, tensor)
-        return tensor.div_(comm.size) if average else tensor
-    work = staged(tensor)
+        group.exact_allreduce_(tensor)
+        return tensor.div_(group.size) if average else tensor
+    work = staged(tensor, group.stages_cuda)
     if plan is None:
-        plan = new_plan(comm_f, work, [(0, work.numel(), False)], s)
+        plan = new_plan(group, work, [(0, work.numel(), False)], s)
         _plans[key] = plan
     plan.run(work)
     if average:
@@ -274,9 +423,10 @@ def allreduce_(tensor, bits=4, *, bucket=1024, rounding="stochastic", min_compre
 
 
 def free_plans():
-    """Releases the cached plans of allreduce_ (their MPI communicators and workspace).
-    Called at exit, before mpi4py finalizes MPI."""
+    """Releases the cached plans of allreduce_ (their MPI communicators and workspace) and
+    the groups' channels. Called at exit, before mpi4py finalizes MPI."""
     _plans.clear()
+    _groups.clear()
 
 
 atexit.register(free_plans)

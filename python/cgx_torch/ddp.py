@@ -86,13 +86,6 @@ class _Worker:
         self.t.join()
 
 
-def _mpi_thread_multiple():
-    """Whether MPI was initialized with MPI_THREAD_MULTIPLE (needed by the background thread)."""
-    from mpi4py import MPI
-
-    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
-
-
 class CGXState:
     """State of the cgx DDP communication hook: the settings (the same on every rank) and
     one cached plan per DDP bucket.
@@ -104,9 +97,12 @@ class CGXState:
     and max-min buckets of ``bucket`` values (128, 512, 1024), ``rounding`` "stochastic"
     (unbiased; CGX's) or "nearest". ``error_feedback`` keeps each rank's quantization
     residual (CPU only). ``adaptive`` (True or AdaptiveOptions) re-assigns bits per layer
-    from the reduced gradients every ``interval`` steps. ``comm`` is an mpi4py
-    intra-communicator holding the same processes as DDP's process group, in the same
-    order (default MPI.COMM_WORLD). The hook returns the average (sum / ranks).
+    from the reduced gradients every ``interval`` steps. ``comm`` is the group the buckets are reduced over: DDP's
+    torch.distributed ProcessGroup (cgx over its own send/recv: torchrun, no MPI needed;
+    CUDA buckets through a host copy), or an mpi4py intra-communicator holding the same
+    processes in the same order (cgx over MPI; CUDA buckets by the device plans). Default:
+    MPI.COMM_WORLD under mpirun (where this build has MPI), else torch.distributed's default
+    group. The hook returns the average (sum / ranks).
 
     A bucket's plan is built the first time its layout is seen (DDP rebuilds its
     buckets after the first step); before, one small collective exchange checks that
@@ -124,8 +120,9 @@ class CGXState:
         """See the class; raises ValueError/TypeError for bad settings or communicator."""
         self.settings = _core.make_settings(bits, bucket, rounding, min_compressed, error_feedback, adaptive, check,
                                             seed, threads)
-        self.comm, self.comm_f = _core.comm_handle(comm)
-        multiple = _mpi_thread_multiple()
+        self.group = _core.group_of(comm)
+        self.comm = self.group.comm if isinstance(self.group, _core.MPIGroup) else self.group.pg
+        multiple = self.group.threads_ok()
         if overlap and not multiple:
             raise ValueError("cgx_torch: overlap=True needs MPI initialized with MPI_THREAD_MULTIPLE "
                              "(mpi4py's default; see mpi4py.rc.thread_level)")
@@ -141,12 +138,12 @@ class CGXState:
         `work`: the tensor it reduces (buf, or buf's float32 copy: _core.staged)."""
         key = (str(buf.dtype), _core.device_key(buf), buf.numel(), tuple(layers), self.settings)
         cached = self.plans.get(index)
-        problem = _core.tensor_problem(buf)
+        problem = _core.tensor_problem(buf, True if self.group.stages_cuda else None)
         if problem is None and self.settings.error_feedback and buf.device.type == "cuda":
             problem = ValueError("cgx_torch: error feedback is implemented for CPU tensors only")
         if cached is not None and cached[0] == key:
             if self.settings.check == "call":
-                _core.agree(self.comm_f, (index,) + key + (tuple(cached[1].settings()),), problem)
+                _core.agree(self.group, (index,) + key + (tuple(cached[1].settings()),), problem)
             elif problem is not None:
                 raise problem
             return cached[1]
@@ -155,8 +152,8 @@ class CGXState:
         if index == 0:
             self.plans.clear()
         self.plans.pop(index, None)
-        _core.agree(self.comm_f, (index,) + key + ((None,) if self.settings.check == "call" else ()), problem)
-        plan = _core.new_plan(self.comm_f, buf if work is None else work, layers, self.settings)
+        _core.agree(self.group, (index,) + key + ((None,) if self.settings.check == "call" else ()), problem)
+        plan = _core.new_plan(self.group, buf if work is None else work, layers, self.settings)
         self.plans[index] = (key, plan)
         return plan
 
@@ -178,11 +175,11 @@ class CGXState:
         float32/float64 by its plan, float16/bfloat16 through a float32 copy, complex
         exactly (MPI)."""
         if isinstance(buf, torch.Tensor) and buf.dtype in _core.EXACT_DTYPES:
-            _core.agree(self.comm_f, (index, "exact", str(buf.dtype), _core.device_key(buf), buf.numel(),
-                                      self.settings), _core.tensor_problem(buf))
-            _core.exact_allreduce_(self.comm, buf)
+            _core.agree(self.group, (index, "exact", str(buf.dtype), _core.device_key(buf), buf.numel(),
+                                      self.settings), _core.tensor_problem(buf, True if self.group.stages_cuda else None))
+            self.group.exact_allreduce_(buf)
             self.calls += 1
-            return buf.div_(self.comm.size)
+            return buf.div_(self.group.size)
         work = self._staged(index, buf) if isinstance(buf, torch.Tensor) else buf
         plan = self.plan_for(index, buf, layers, work)
         plan.run(work)
@@ -192,12 +189,16 @@ class CGXState:
 
     def _staged(self, index, buf):
         """buf itself, or (float16/bfloat16) buf copied into bucket `index`'s float32
-        buffer, allocated once per layout and reused every step."""
-        if buf.dtype not in _core.STAGED_DTYPES:
+        buffer, allocated once per layout and reused every step; over a torch.distributed
+        group a CUDA bucket is copied into a host buffer the same way."""
+        host = self.group.stages_cuda and buf.device.type != "cpu"
+        if buf.dtype not in _core.STAGED_DTYPES and not host:
             return buf
+        dtype = torch.float32 if buf.dtype in _core.STAGED_DTYPES else buf.dtype
+        device = torch.device("cpu") if host else buf.device
         work = self._staging.get(index)
-        if work is None or work.numel() != buf.numel() or work.device != buf.device:
-            work = torch.empty(buf.numel(), dtype=torch.float32, device=buf.device)
+        if work is None or work.numel() != buf.numel() or work.device != device or work.dtype != dtype:
+            work = torch.empty(buf.numel(), dtype=dtype, device=device, pin_memory=host and torch.cuda.is_available())
             self._staging[index] = work
         return work.view(buf.shape).copy_(buf)
 

@@ -2,16 +2,34 @@
 // memory to the plans of plans.cpp / device_plans.cu, with the GIL released while a
 // plan runs. No cgx header here (see plans.hpp).
 #include <torch/extension.h>
+#include <torch/version.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#if TORCH_VERSION_MAJOR >= 2  // c10d::Backend (the gloo backend inside cgx_torch's `cgx` backend)
+#define CGX_TORCH_HAS_BACKEND 1
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
 
 #ifdef CGX_TORCH_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <cstdint>
 #include <memory>
+#include <mutex>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "plans.hpp"
@@ -56,19 +74,306 @@ cgx_torch::dtype parse_dtype(const std::string& s) {
                        "keep an fp32 copy, or cast with .float() before and back after)");
 }
 
+/// plans.hpp's channel over a torch.distributed process group: sends and receives are
+/// the group's send/recv of byte tensors over the caller's memory (gloo for CPU tensors),
+/// max_all its allreduce (MAX). Failure reports go through a key of the group's Store: a
+/// failing rank sets it; while a wait lasts longer than poll_ms, a watcher thread looks
+/// at the key every poll_ms and, when it is set, aborts the pending sends and receives
+/// (c10d's Work::abort), so that the waiting rank stops and throws instead of waiting out
+/// the group's timeout.
+/// PG: c10d::ProcessGroup (a group of torch.distributed) or, on torch 2.x, c10d::Backend
+/// (the gloo backend inside cgx_torch's own `cgx` backend).
+template <class PG>
+class pg_channel final : public cgx_torch::channel {
+ public:
+  static constexpr std::int64_t poll_ms = 20;
+
+  pg_channel(c10::intrusive_ptr<PG> pg, c10::intrusive_ptr<c10d::Store> store, std::int64_t timeout_ms,
+             std::string key)
+      : pg_(std::move(pg)), store_(std::move(store)), key_(std::move(key)), timeout_ms_(timeout_ms) {
+    if (!pg_) throw py::value_error("cgx_torch: no process group");
+    rank_ = pg_->getRank();
+    size_ = pg_->getSize();
+    if (store_) watcher_ = std::thread([this] { watch(); });
+  }
+  ~pg_channel() override {
+    {
+      std::lock_guard<std::mutex> g(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (watcher_.joinable()) watcher_.join();
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::int64_t timeout_ms() const override { return timeout_ms_; }
+
+  // A send or receive the group refuses (its link to the peer is closed) throws; the
+  // failure key is read first, so that a peer's report is heard before the broken link.
+  handle isend(const void* p, std::size_t bytes, int peer, int tag) override {
+    std::vector<at::Tensor> v{bytes_of(const_cast<void*>(p), bytes)};
+    try {
+      return keep(pg_->send(v, peer, tag), peer);
+    } catch (...) {
+      poll();
+      throw;
+    }
+  }
+  handle irecv(void* p, std::size_t bytes, int peer, int tag) override {
+    std::vector<at::Tensor> v{bytes_of(p, bytes)};
+    try {
+      return keep(pg_->recv(v, peer, tag), peer);
+    } catch (...) {
+      poll();
+      throw;
+    }
+  }
+
+  cgx_torch::wait_result wait(const handle* h, std::size_t n, std::int64_t limit_ms) override {
+    using clock = std::chrono::steady_clock;
+    const auto limit = std::chrono::milliseconds(limit_ms > 0 ? limit_ms : timeout_ms_);
+    const auto until = clock::now() + limit;
+    {
+      std::lock_guard<std::mutex> g(m_);
+      ++waiting_;
+      wait_since_ = clock::now();
+    }
+    cv_.notify_all();
+    cgx_torch::wait_result r;
+    for (std::size_t i = 0; i < n; ++i) {
+      entry e = take(h[i]);
+      if (!e.work) continue;
+      if (r.kind == cgx_torch::wait_result::ok && heard_flag_.load(std::memory_order_acquire))
+        r = {cgx_torch::wait_result::peer_failed, e.peer, ""};
+      if (r.kind != cgx_torch::wait_result::ok) {  // failed already: the rest is aborted, not waited for
+        abort_quietly(e.work);
+        done(h[i]);
+        continue;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now());
+      try {
+        if (left.count() <= 0) {
+          r = {cgx_torch::wait_result::timeout, e.peer, ""};
+          abort_quietly(e.work);
+        } else if (!e.work->wait(left)) {  // aborted by the watcher: a peer's report
+          r = {cgx_torch::wait_result::peer_failed, e.peer, ""};
+        }
+      } catch (const std::exception& x) {
+        const std::string what = x.what();
+        const bool timed_out = what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
+        r = {timed_out ? cgx_torch::wait_result::timeout : cgx_torch::wait_result::broken, e.peer, first_line(what)};
+        if (r.kind == cgx_torch::wait_result::broken) {  // after a peer's failure? its report says more
+          poll();
+          if (heard_flag_.load(std::memory_order_acquire)) r.kind = cgx_torch::wait_result::peer_failed;
+        }
+      }
+      done(h[i]);
+    }
+    {
+      std::lock_guard<std::mutex> g(m_);
+      --waiting_;
+    }
+    return r;
+  }
+
+  void max_all(std::int64_t* v, std::size_t n) override {
+    std::vector<at::Tensor> t{at::from_blob(v, {static_cast<std::int64_t>(n)}, at::TensorOptions().dtype(at::kLong))};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::MAX;
+    auto w = pg_->allreduce(t, o);
+    w->wait(std::chrono::milliseconds(timeout_ms_));
+  }
+
+  void report(int origin, int code, int waited_for, const std::string& why) noexcept override {
+    try {
+      if (!store_) return;
+      std::ostringstream os;
+      os << origin << ' ' << code << ' ' << waited_for << ' ' << why;
+      const std::string s = os.str();
+      std::lock_guard<std::mutex> g(store_m_);
+      if (!store_->check({key_})) store_->set(key_, std::vector<std::uint8_t>(s.begin(), s.end()));
+    } catch (...) {  // the peers are left with their wait limit
+    }
+    abort_all();
+  }
+
+  heard_report heard() override {
+    if (!heard_flag_.load(std::memory_order_acquire)) return {};
+    std::lock_guard<std::mutex> g(m_);
+    return heard_;
+  }
+
+  /// Reads the failure key once (collective checks call it between plans). Throws nothing.
+  void look() noexcept { poll(); }
+
+ private:
+  struct entry {
+    c10::intrusive_ptr<c10d::Work> work;
+    int peer = -1;
+  };
+
+  static at::Tensor bytes_of(void* p, std::size_t bytes) {
+    return at::from_blob(p, {static_cast<std::int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte));
+  }
+  static std::string first_line(const std::string& s) {
+    const auto nl = s.find('\n');
+    return nl == std::string::npos ? s : s.substr(0, nl);
+  }
+  static void abort_quietly(const c10::intrusive_ptr<c10d::Work>& w) noexcept {
+    try {
+      w->abort();
+    } catch (...) {
+    }
+  }
+
+  handle keep(c10::intrusive_ptr<c10d::Work> w, int peer) {
+    std::lock_guard<std::mutex> g(m_);
+    const handle id = next_++;
+    works_.emplace(id, entry{std::move(w), peer});
+    return id;
+  }
+  entry take(handle id) {
+    std::lock_guard<std::mutex> g(m_);
+    auto it = works_.find(id);
+    if (it == works_.end()) return {};
+    entry e = it->second;
+    works_.erase(it);
+    active_.emplace(id, e);  // the watcher's abort reaches it while it is waited for
+    return e;
+  }
+  void done(handle id) {
+    std::lock_guard<std::mutex> g(m_);
+    active_.erase(id);
+  }
+
+  void abort_all() noexcept {
+    std::vector<c10::intrusive_ptr<c10d::Work>> ws;
+    {
+      std::lock_guard<std::mutex> g(m_);
+      for (auto& [id, e] : works_) ws.push_back(e.work);
+      for (auto& [id, e] : active_) ws.push_back(e.work);
+      active_.clear();
+    }
+    for (auto& w : ws) abort_quietly(w);
+  }
+
+  /// One look at the failure key; on a report: remember it and abort everything pending.
+  void poll() noexcept {
+    if (!store_ || heard_flag_.load(std::memory_order_acquire)) return;
+    try {
+      std::string s;
+      {
+        std::lock_guard<std::mutex> g(store_m_);
+        if (!store_->check({key_})) return;
+        const auto v = store_->get(key_);
+        s.assign(v.begin(), v.end());
+      }
+      heard_report h;
+      std::istringstream is(s);
+      is >> h.origin >> h.code >> h.waited_for;
+      std::getline(is >> std::ws, h.why);
+      {
+        std::lock_guard<std::mutex> g(m_);
+        heard_ = h;
+      }
+      heard_flag_.store(true, std::memory_order_release);
+      abort_all();
+    } catch (...) {  // the store is gone (the job is ending): nothing to hear
+    }
+  }
+
+  void watch() {
+    std::unique_lock<std::mutex> g(m_);
+    while (!stop_) {
+      if (waiting_ == 0) {
+        cv_.wait(g, [&] { return stop_ || waiting_ > 0; });
+        continue;
+      }
+      cv_.wait_for(g, std::chrono::milliseconds(poll_ms), [&] { return stop_; });
+      if (stop_ || waiting_ == 0) continue;
+      if (std::chrono::steady_clock::now() - wait_since_ < std::chrono::milliseconds(poll_ms)) continue;
+      g.unlock();
+      poll();
+      g.lock();
+    }
+  }
+
+  c10::intrusive_ptr<PG> pg_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string key_;
+  std::int64_t timeout_ms_;
+  int rank_ = 0, size_ = 1;
+  std::mutex m_;        // works_, active_, waiting_, heard_
+  std::mutex store_m_;  // this channel's use of the store
+  std::condition_variable cv_;
+  std::unordered_map<handle, entry> works_;   // posted, not yet waited for
+  std::unordered_map<handle, entry> active_;  // being waited for
+  handle next_ = 1;
+  int waiting_ = 0;
+  bool stop_ = false;
+  std::chrono::steady_clock::time_point wait_since_{};
+  std::atomic<bool> heard_flag_{false};
+  heard_report heard_;
+  std::thread watcher_;
+};
+
+/// What Python holds as a cgx_torch._C.Channel: the channel of one group (or backend).
+struct py_channel {
+  std::shared_ptr<cgx_torch::channel> ch;
+  std::function<void()> look;  // one read of the failure key
+
+  template <class PG>
+  static std::shared_ptr<py_channel> over(c10::intrusive_ptr<PG> pg, c10::intrusive_ptr<c10d::Store> store,
+                                          std::int64_t timeout_ms, std::string key) {
+    auto c = std::make_shared<pg_channel<PG>>(std::move(pg), std::move(store), timeout_ms, std::move(key));
+    auto h = std::make_shared<py_channel>();
+    h->look = [raw = c.get()] { raw->look(); };
+    h->ch = std::move(c);
+    return h;
+  }
+};
+
 /// A layer-wise plan for one fused buffer: one dtype, one device, one size.
 class py_plan {
  public:
+  using layer_list = std::vector<std::tuple<std::size_t, std::size_t, bool>>;
+
+  /// Over an mpi4py communicator (its Fortran handle).
   py_plan(int comm_f, const std::string& dtype, const std::string& device, int device_index, std::size_t n,
-          const std::vector<std::tuple<std::size_t, std::size_t, bool>>& layers, const cgx_torch::plan_config& cfg)
+          const layer_list& layers, const cgx_torch::plan_config& cfg)
+      : py_plan(dtype, device, device_index) {
+    build(comm_f, nullptr, n, layers, cfg);
+  }
+  /// Over a torch.distributed process group (its channel); CPU tensors.
+  py_plan(std::shared_ptr<py_channel> ch, const std::string& dtype, const std::string& device, int device_index,
+          std::size_t n, const layer_list& layers, const cgx_torch::plan_config& cfg)
+      : py_plan(dtype, device, device_index) {
+    if (!ch) throw py::value_error("cgx_torch: no channel");
+    if (cuda_)
+      throw py::value_error("cgx_torch: a plan over a torch.distributed process group reduces CPU tensors "
+                            "(cgx_torch stages CUDA tensors through the host there)");
+    build(0, ch->ch, n, layers, cfg);
+  }
+
+ private:
+  py_plan(const std::string& dtype, const std::string& device, int device_index)
       : dtype_(parse_dtype(dtype)), dtype_name_(dtype), cuda_(device == "cuda"), device_index_(device_index) {
     if (device != "cpu" && device != "cuda")
       throw py::value_error("cgx_torch: device '" + device + "' is not supported (cpu or cuda)");
+  }
+
+  void build(int comm_f, std::shared_ptr<cgx_torch::channel> ch, std::size_t n, const layer_list& layers,
+             const cgx_torch::plan_config& cfg) {
     std::vector<cgx_torch::layer_desc> ls;
     ls.reserve(layers.size());
     for (const auto& [o, c, one_d] : layers) ls.push_back({o, c, one_d});
     py::gil_scoped_release nogil;
     guarded([&] {
+      if (ch) {
+        p_ = cgx_torch::make_pg_host_plan(std::move(ch), dtype_, n, std::move(ls), cfg);
+        return;
+      }
       if (!cuda_) {
         p_ = cgx_torch::make_host_plan(comm_f, dtype_, n, std::move(ls), cfg);
         return;
@@ -82,6 +387,8 @@ class py_plan {
 #endif
     });
   }
+
+ public:
 
   /// Checks t against the plan; throws TypeError / ValueError before anything runs.
   void check(const at::Tensor& t) const {
@@ -176,6 +483,38 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("top_fraction", &cgx_torch::plan_config::top_fraction,
                      "Adaptive: share of a layer's largest values its sensitivity measures.");
 
+  py::class_<py_channel, std::shared_ptr<py_channel>> chan(
+      m, "Channel",
+      "cgx's messages over a torch.distributed process group (its send/recv and allreduce), failure reports "
+      "through the group's Store. One per group; every plan over the group shares it.");
+  chan.def(py::init(&py_channel::over<c10d::ProcessGroup>), py::arg("group"), py::arg("store"),
+           py::arg("timeout_ms"), py::arg("key"),
+           "group: the ProcessGroup; store: its Store (None: no failure reports, peers wait out the timeout); "
+           "timeout_ms: the wait limit (the group's timeout); key: the Store key of failure reports (the same on "
+           "every rank).");
+#ifdef CGX_TORCH_HAS_BACKEND
+  chan.def(py::init(&py_channel::over<c10d::Backend>), py::arg("group"), py::arg("store"), py::arg("timeout_ms"),
+           py::arg("key"), "The same over a c10d Backend (the gloo backend of cgx_torch's `cgx` backend).");
+#endif
+  chan.def_property_readonly("rank", [](const py_channel& c) { return c.ch->rank(); })
+      .def_property_readonly("size", [](const py_channel& c) { return c.ch->size(); })
+      .def(
+          "check",
+          [](py_channel& c, std::int64_t hash, bool bad) {
+            py::gil_scoped_release nogil;
+            c.look();
+            const auto h = c.ch->heard();
+            if (h.origin >= 0)
+              throw cgx_failure("cgx: rank " + std::to_string(h.origin) + " of this process group failed earlier (" +
+                                h.why + ")");
+            std::int64_t v[3] = {hash, -hash, bad ? 1 : 0};
+            guarded([&] { c.ch->max_all(v, 3); });
+            return std::make_tuple(v[0] == -v[1], v[2] != 0);
+          },
+          py::arg("hash"), py::arg("bad"),
+          "Collective: (every rank passed the same hash, some rank passed bad=True); raises CGXError when a rank "
+          "of the group reported a failure.");
+
   py::class_<py_plan>(m, "Plan",
                       "A cgx layer-wise allreduce plan for one fused buffer (one dtype, device and size) over an MPI "
                       "communicator. Construction and run() are collective.")
@@ -186,6 +525,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "Collective over the communicator with Fortran handle comm_f (mpi4py: comm.py2f()). dtype 'float32' or "
            "'float64', device 'cpu' or 'cuda', n values, layers a list of (offset, count, one_dimensional). Raises "
            "TypeError for another dtype, CGXError for bad layers or settings.")
+      .def(py::init<std::shared_ptr<py_channel>, const std::string&, const std::string&, int, std::size_t,
+                    const std::vector<std::tuple<std::size_t, std::size_t, bool>>&, const cgx_torch::plan_config&>(),
+           py::arg("channel"), py::arg("dtype"), py::arg("device"), py::arg("device_index"), py::arg("n"),
+           py::arg("layers"), py::arg("config"),
+           "Collective over the process group of channel (a Channel); CPU tensors.")
       .def("check", &py_plan::check, py::arg("tensor"),
            "Raises TypeError/ValueError unless the tensor fits the plan (dtype, device, contiguous, size).")
       .def("run", &py_plan::run, py::arg("tensor"),
@@ -215,6 +559,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       py::arg("comm_f"), py::arg("hash"), py::arg("bad"),
       "Collective: returns (every rank passed the same hash, some rank passed bad=True).");
+  m.def("mpi_compiled", &cgx_torch::mpi_compiled,
+        "Whether this build has plans over mpi4py communicators (mpi4py was importable when it was built).");
   m.def("device_plans_compiled", &cgx_torch::device_plans_compiled,
         "Whether device (CUDA) plans were compiled into this build.");
   m.def("build_info", [] { return guarded([] { return cgx_torch::build_info(); }); },

@@ -1,9 +1,16 @@
-// The host plan template of plans.cpp, instantiated once per (element type, rounding)
-// in its own translation unit (host_plan_*.cpp), so that the four compile in parallel.
+// The host plan template of plans.cpp and pg_plans.cpp, instantiated once per (element
+// type, rounding, transport) in its own translation unit (host_plan_*.cpp,
+// pg_plan_*.cpp), so that they compile in parallel. The MPI ones only where the build
+// has MPI (CGX_TORCH_WITH_MPI).
 #pragma once
 #include "plans.hpp"
+#include "pg_transport.hpp"
 
-#include <cgx/cgx.hpp>
+#include <cgx/adaptive.hpp>
+#include <cgx/layerwise_plan.hpp>
+#ifdef CGX_TORCH_WITH_MPI
+#include <cgx/comm/mpi.hpp>
+#endif
 
 #include <memory>
 #include <optional>
@@ -11,6 +18,13 @@
 #include <vector>
 
 namespace cgx_torch::detail {
+
+inline std::vector<cgx::layer> to_layers(const std::vector<layer_desc>& ls) {
+  std::vector<cgx::layer> out;
+  out.reserve(ls.size());
+  for (const auto& l : ls) out.push_back(cgx::layer{l.offset, l.count, l.one_dimensional});
+  return out;
+}
 
 inline cgx::layerwise_options to_options(const plan_config& c) {
   cgx::layerwise_options o;
@@ -34,15 +48,15 @@ inline cgx::adaptive_options to_adaptive(const plan_config& c) {
   return a;
 }
 
-/// cgx::layerwise_plan<T, comm::mpi, Rounding> with, optionally, CGX's adaptive bits:
+/// cgx::layerwise_plan<T, X, Rounding> (X: comm::mpi or pg_transport) with, optionally, CGX's adaptive bits:
 /// after each call the reduced buffer (the same bits on every rank) updates the
 /// statistics, and every `adaptive_interval` calls the assignment replaces the settings
 /// (the same on every rank, since it is computed from the same bits).
-template <class T, class Rounding>
+template <class T, class Rounding, class X>
 class host_plan final : public plan {
  public:
-  host_plan(MPI_Comm comm, std::size_t n, std::vector<cgx::layer> layers, const plan_config& c)
-      : plan_(cgx::comm::mpi{comm}, n, layers, to_options(c)), interval_(c.adaptive_interval) {
+  host_plan(X x, std::size_t n, std::vector<cgx::layer> layers, const plan_config& c)
+      : plan_(std::move(x), n, layers, to_options(c)), interval_(c.adaptive_interval) {
     if (interval_ > 0) adapt_.emplace(layers, plan_.settings(), to_adaptive(c));
   }
 
@@ -68,15 +82,16 @@ class host_plan final : public plan {
   bool on_device() const override { return false; }
 
  private:
-  cgx::layerwise_plan<T, cgx::comm::mpi, Rounding> plan_;
+  cgx::layerwise_plan<T, X, Rounding> plan_;
   std::optional<cgx::adaptive_bits> adapt_;
   int interval_;
 };
 
-/// The plan for (T, Rounding); each instantiation is compiled in its own translation unit.
+/// The plans for (T, Rounding); each instantiation is compiled in its own translation unit.
+#ifdef CGX_TORCH_WITH_MPI
 template <class T, class Rounding>
 std::unique_ptr<plan> make_host(MPI_Comm comm, std::size_t n, std::vector<cgx::layer> layers, const plan_config& c) {
-  return std::make_unique<host_plan<T, Rounding>>(comm, n, std::move(layers), c);
+  return std::make_unique<host_plan<T, Rounding, cgx::comm::mpi>>(cgx::comm::mpi{comm}, n, std::move(layers), c);
 }
 
 #define CGX_TORCH_HOST_PLAN(EXTERN, T, R) \
@@ -85,5 +100,20 @@ CGX_TORCH_HOST_PLAN(extern, float, stochastic)
 CGX_TORCH_HOST_PLAN(extern, float, nearest)
 CGX_TORCH_HOST_PLAN(extern, double, stochastic)
 CGX_TORCH_HOST_PLAN(extern, double, nearest)
+#endif
+
+template <class T, class Rounding>
+std::unique_ptr<plan> make_pg_host(std::shared_ptr<channel> ch, std::size_t n, std::vector<cgx::layer> layers,
+                                   const plan_config& c) {
+  return std::make_unique<host_plan<T, Rounding, pg_transport>>(pg_transport{std::move(ch)}, n, std::move(layers), c);
+}
+
+#define CGX_TORCH_PG_PLAN(EXTERN, T, R)                                                                       \
+  EXTERN template std::unique_ptr<plan> make_pg_host<T, cgx::quant::R>(std::shared_ptr<channel>, std::size_t, \
+                                                                       std::vector<cgx::layer>, const plan_config&);
+CGX_TORCH_PG_PLAN(extern, float, stochastic)
+CGX_TORCH_PG_PLAN(extern, float, nearest)
+CGX_TORCH_PG_PLAN(extern, double, stochastic)
+CGX_TORCH_PG_PLAN(extern, double, nearest)
 
 }  // namespace cgx_torch::detail

@@ -1,6 +1,9 @@
-// cgx::layerwise_plan<float, comm::mpi, quant::stochastic> for plans.cpp (see host_plan.inl).
+// cgx::layerwise_plan<float, comm::mpi, quant::stochastic> for plans.cpp (see host_plan.inl);
+// empty in a build without MPI.
 #include "host_plan.inl"
 
 namespace cgx_torch::detail {
+#ifdef CGX_TORCH_WITH_MPI
 CGX_TORCH_HOST_PLAN(, float, stochastic)
+#endif
 }  // namespace cgx_torch::detail

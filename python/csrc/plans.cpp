@@ -1,8 +1,9 @@
 // The cgx half of the extension: layer-wise host plans over an MPI communicator handed
-// over from mpi4py as a Fortran handle. No torch header here (see plans.hpp).
+// over from mpi4py as a Fortran handle, and the build's facts. In a build without MPI
+// (CGX_TORCH_WITH_MPI undefined: no mpi4py at build time) the MPI entry points throw and
+// the plans run over torch.distributed process groups only (pg_plans.cpp). No torch
+// header here (see plans.hpp).
 #include "plans.hpp"
-
-#include <cgx/cgx.hpp>
 
 #include "host_plan.inl"
 
@@ -12,6 +13,9 @@
 #include <utility>
 
 namespace cgx_torch {
+
+#ifdef CGX_TORCH_WITH_MPI
+bool mpi_compiled() { return true; }
 
 namespace {
 
@@ -25,13 +29,6 @@ MPI_Comm to_comm(int comm_f) {
   MPI_Comm c = MPI_Comm_f2c(static_cast<MPI_Fint>(comm_f));
   if (c == MPI_COMM_NULL) throw cgx::error(cgx::errc::communicator, "the communicator is MPI_COMM_NULL");
   return c;
-}
-
-std::vector<cgx::layer> to_layers(const std::vector<layer_desc>& ls) {
-  std::vector<cgx::layer> out;
-  out.reserve(ls.size());
-  for (const auto& l : ls) out.push_back(cgx::layer{l.offset, l.count, l.one_dimensional});
-  return out;
 }
 
 }  // namespace
@@ -48,8 +45,8 @@ std::unique_ptr<plan> make_host_t(MPI_Comm comm, std::size_t n, std::vector<cgx:
 std::unique_ptr<plan> make_host_plan(int comm_f, dtype t, std::size_t n, std::vector<layer_desc> layers,
                                      const plan_config& c) {
   MPI_Comm comm = to_comm(comm_f);
-  if (t == dtype::f32) return make_host_t<float>(comm, n, to_layers(layers), c);
-  return make_host_t<double>(comm, n, to_layers(layers), c);
+  if (t == dtype::f32) return make_host_t<float>(comm, n, detail::to_layers(layers), c);
+  return make_host_t<double>(comm, n, detail::to_layers(layers), c);
 }
 
 int comm_size(int comm_f) {
@@ -71,17 +68,40 @@ check_result collective_check(int comm_f, std::int64_t hash, bool bad) {
   return check_result{v[0] == -v[1], v[2] != 0};
 }
 
-std::string build_info() {
-  std::string s = "cgx " + std::to_string(CGX_VERSION_MAJOR) + "." + std::to_string(CGX_VERSION_MINOR) +
-                  "; host plans: float32, float64; host kernels: " +
-                  std::string(cgx::quant::to_string(cgx::quant::active_host_isa()));
+std::string mpi_library() {
   char lib[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;
   MPI_Get_library_version(lib, &len);
   std::string l(lib, static_cast<std::size_t>(len));
   if (auto nl = l.find('\n'); nl != std::string::npos) l.resize(nl);
   if (auto comma = l.find(','); comma != std::string::npos) l.resize(comma);
-  return s + "; MPI: " + l + "; device plans: " + (device_plans_compiled() ? "compiled" : "not compiled");
+  return l;
+}
+#else
+bool mpi_compiled() { return false; }
+
+namespace {
+[[noreturn]] void no_mpi() {
+  throw cgx::error(cgx::errc::communicator,
+                   "this cgx_torch was built without MPI (mpi4py was not importable at build time): pass a "
+                   "torch.distributed process group (the default: the job's own group), or install mpi4py and "
+                   "rebuild cgx_torch for mpi4py communicators");
+}
+}  // namespace
+
+std::unique_ptr<plan> make_host_plan(int, dtype, std::size_t, std::vector<layer_desc>, const plan_config&) { no_mpi(); }
+int comm_size(int) { no_mpi(); }
+int comm_rank(int) { no_mpi(); }
+check_result collective_check(int, std::int64_t, bool) { no_mpi(); }
+std::string mpi_library() { return "none (built without MPI)"; }
+#endif
+
+std::string build_info() {
+  return "cgx " + std::to_string(CGX_VERSION_MAJOR) + "." + std::to_string(CGX_VERSION_MINOR) +
+         "; host plans: float32, float64; host kernels: " +
+         std::string(cgx::quant::to_string(cgx::quant::active_host_isa())) + "; MPI: " + mpi_library() +
+         "; torch.distributed process groups: yes; device plans: " +
+         (device_plans_compiled() ? "compiled" : "not compiled");
 }
 
 }  // namespace cgx_torch

@@ -1,7 +1,7 @@
 #pragma once
-// The interface between the two halves of the extension: plans.cpp (and device_plans.cu
-// where CUDA is compiled) include cgx and MPI but no torch header; bindings.cpp includes
-// torch but no cgx header. Only plain types cross it, so each half compiles with its
+// The interface between the two halves of the extension: plans.cpp, pg_plans.cpp (and
+// device_plans.cu where CUDA is compiled) include cgx (and MPI, where the build has it)
+// but no torch header; bindings.cpp includes torch but no cgx header. Only plain types cross it, so each half compiles with its
 // own flags (torch 1.13's headers are C++14 code; cgx needs C++20).
 
 #include <cstddef>
@@ -61,6 +61,54 @@ class plan {
   virtual int world() const = 0;
   virtual bool on_device() const = 0;
 };
+
+/// What a channel's wait found (channel::wait).
+struct wait_result {
+  enum kind_t { ok, timeout, peer_failed, broken } kind = ok;
+  int peer = -1;     ///< timeout: a rank waited for; peer_failed: the rank whose failure was heard
+  std::string what;  ///< empty when ok
+};
+
+/// Byte messages between the ranks of a torch.distributed process group: implemented by
+/// the torch half (bindings.cpp) over c10d's ProcessGroup (send, recv, allreduce) and the
+/// group's Store (failure reports), used by the cgx half as a cgx transport (pg_transport.hpp).
+/// Messages between a pair of ranks with the same tag arrive in the order they were sent.
+class channel {
+ public:
+  using handle = std::size_t;
+  virtual ~channel() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// Posts a send of p[0..bytes) to `peer` (p must stay valid until waited for).
+  virtual handle isend(const void* p, std::size_t bytes, int peer, int tag) = 0;
+  /// Posts a receive of exactly `bytes` bytes from `peer` into p.
+  virtual handle irecv(void* p, std::size_t bytes, int peer, int tag) = 0;
+  /// Waits for h[0..n) (every one of them is waited for and released, even after a
+  /// failure), at most `limit_ms` milliseconds in all (<= 0: the group's timeout). Stops
+  /// early, with peer_failed, when a peer's failure report arrives.
+  virtual wait_result wait(const handle* h, std::size_t n, std::int64_t limit_ms) = 0;
+  /// Element-wise maximum of v[0..n) over the ranks (collective). Throws std::runtime_error.
+  virtual void max_all(std::int64_t* v, std::size_t n) = 0;
+  /// Tells every peer that this rank failed: `origin` (the first failing rank), its code
+  /// (cgx::errc as an int), the rank it waited for (-1: none) and why. Never throws.
+  virtual void report(int origin, int code, int waited_for, const std::string& why) noexcept = 0;
+  /// A peer's report heard so far, as {origin, code, waited_for, why}; origin < 0: none.
+  struct heard_report {
+    int origin = -1, code = 0, waited_for = -1;
+    std::string why;
+  };
+  virtual heard_report heard() = 0;
+  /// The group's timeout in milliseconds (the wait limit when a plan sets none).
+  virtual std::int64_t timeout_ms() const = 0;
+};
+
+/// A host plan (cgx::layerwise_plan) over a torch.distributed process group (through
+/// `ch`). Collective over the group.
+std::unique_ptr<plan> make_pg_host_plan(std::shared_ptr<channel> ch, dtype t, std::size_t n,
+                                        std::vector<layer_desc> layers, const plan_config& c);
+
+/// Whether this build has the MPI half (comm::mpi plans over mpi4py communicators).
+bool mpi_compiled();
 
 /// A host plan (cgx::layerwise_plan) over the communicator with Fortran handle `comm_f`
 /// (mpi4py's comm.py2f()). Collective over that communicator.

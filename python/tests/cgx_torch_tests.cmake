@@ -8,6 +8,9 @@
 #   cgx_torch.np3     python/tests/test_cgx_torch.py at 3 ranks (allreduce_, errors, the hook)
 #   train_ddp.np4     examples/python/train_ddp.py at 4 ranks: cgx 4-bit within 1 point of
 #                     fp32, identical parameters on all ranks (its exit status)
+#   cgx_torch.torchrun3  test_cgx_torch.py at 3 ranks started with torchrun's environment
+#                     (env_launch.py: Debian's torch 1.13 torchrun fails under Python 3.11):
+#                     the same build over the gloo group instead of MPI
 #
 # CGX_PYTHON names the interpreter; by default python3 on PATH, then /usr/bin/python3 (a
 # python3 of pyenv or conda earlier on PATH may lack Debian's torch).
@@ -60,3 +63,9 @@ add_test(NAME train_ddp.np4
 set_tests_properties(train_ddp.np4 PROPERTIES FIXTURES_REQUIRED cgx_torch LABELS "python;mpi;example;training"
                      PROCESSORS 4 ENVIRONMENT "${_cgx_torch_env}" TIMEOUT 900
                      FAIL_REGULAR_EXPRESSION "FAILED")
+add_test(NAME cgx_torch.torchrun3
+         COMMAND "${_cgx_py}" ${PROJECT_SOURCE_DIR}/python/tests/env_launch.py 3
+                 ${PROJECT_SOURCE_DIR}/python/tests/test_cgx_torch.py)
+set_tests_properties(cgx_torch.torchrun3 PROPERTIES FIXTURES_REQUIRED cgx_torch LABELS "python" PROCESSORS 3
+                     ENVIRONMENT "PYTHONPATH=${_cgx_torch_dir}/lib;PYTHONDONTWRITEBYTECODE=1;OMP_NUM_THREADS=1;GLOO_SOCKET_IFNAME=lo"
+                     TIMEOUT 600)

@@ -1,22 +1,28 @@
 #!/usr/bin/env python3
-"""Multi-rank tests of cgx_torch (run under mpirun, any number of ranks >= 1):
+"""Multi-rank tests of cgx_torch, under mpirun (cgx over MPI) or under torchrun (cgx over
+torch.distributed's own gloo group: no MPI needed), any number of ranks >= 1:
 
     mpirun -np 3 python3 python/tests/test_cgx_torch.py
+    torchrun --standalone --nproc-per-node 3 python/tests/test_cgx_torch.py
 
 allreduce_: exact on constant and on integer-valued uncompressed data, within the SRA's
 error bound at 8 and 4 bits, the same bits on every rank, float64, average, error
 feedback, adaptive; float16/bfloat16 through float32 (bit for bit), non-finite buckets;
 integers, bool and complex exactly; the errors (dtype, non-contiguous, bad settings, settings or shapes
 that differ between ranks: raised on every rank); the DDP hook against DDP's own
-allreduce, its layer-wise defaults, and mismatched hook settings. Prints one line per
-test on rank 0 and exits 1 when any rank failed one.
+allreduce, its layer-wise defaults, and mismatched hook settings. Under torchrun also the
+process group transport's failures: a wait limit (the group's timeout) raised on every
+rank, and a rank that leaves. CGX_TEST_NO_MPI=1: also checks that neither the extension
+nor the process loaded MPI. Prints one line per test on rank 0 and exits 1 when any rank
+failed one.
 """
+import datetime
 import hashlib
+import os
 import sys
+import time
 import traceback
 import warnings
-
-from mpi4py import MPI
 
 import numpy
 import torch
@@ -26,7 +32,49 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import cgx_torch
 
-comm = MPI.COMM_WORLD
+TORCHRUN = "TORCHELASTIC_RUN_ID" in os.environ or ("LOCAL_RANK" in os.environ and "OMPI_COMM_WORLD_SIZE" not in os.environ)
+
+
+class TorchComm:
+    """What these tests ask of a communicator, over torch.distributed (torchrun)."""
+
+    def __init__(self):
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+
+    def allgather(self, obj):
+        out = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def allreduce(self, x):
+        return sum(self.allgather(x))
+
+    def all(self, ok):
+        return all(self.allgather(bool(ok)))
+
+
+class MPIComm:
+    """The same over mpi4py (mpirun); torch.distributed's group set up from it."""
+
+    def __init__(self):
+        from mpi4py import MPI
+
+        self.MPI, self.c = MPI, MPI.COMM_WORLD
+        self.rank, self.size = self.c.rank, self.c.size
+        cgx_torch.init_process_group_from_mpi(self.c)
+
+    def allgather(self, obj):
+        return self.c.allgather(obj)
+
+    def allreduce(self, x):
+        return self.c.allreduce(x)
+
+    def all(self, ok):
+        return self.c.allreduce(bool(ok), op=self.MPI.LAND)
+
+
+comm = TorchComm() if TORCHRUN else MPIComm()
 rank, p = comm.rank, comm.size
 tests = []
 
@@ -204,7 +252,7 @@ def errors_dtype_contiguity_settings():
     raises(ValueError, lambda: cgx_torch.allreduce_(torch.ones(4096), bits=9), "bits")
     raises(ValueError, lambda: cgx_torch.allreduce_(torch.ones(4096), bucket=100), "bucket")
     raises(ValueError, lambda: cgx_torch.allreduce_(torch.ones(4096), rounding="up"), "rounding")
-    raises(TypeError, lambda: cgx_torch.allreduce_(torch.ones(4096), comm=42), "mpi4py")
+    raises((TypeError, cgx_torch.CGXError), lambda: cgx_torch.allreduce_(torch.ones(4096), comm=42), "ProcessGroup")
     raises(TypeError, lambda: cgx_torch.CGXState(bits=4, adaptive="yes"), "adaptive")
 
 
@@ -323,9 +371,78 @@ def ddp_hook_mismatch_raises_everywhere():
     raises(RuntimeError, loss.backward, "different settings")
 
 
+@test
+def no_mpi_when_asked():
+    """CGX_TEST_NO_MPI=1 (the torchrun job of a build without MPI): neither the extension
+    nor this process has loaded MPI."""
+    if os.environ.get("CGX_TEST_NO_MPI") != "1":
+        return
+    assert TORCHRUN and not cgx_torch._C.mpi_compiled(), cgx_torch.build_info()
+    assert "mpi4py" not in sys.modules and "mpi4py.MPI" not in sys.modules
+    with open("/proc/self/maps") as f:
+        loaded = [line.split()[-1] for line in f if "libmpi" in line]
+    assert not loaded, f"an MPI library is loaded: {loaded[:1]}"
+
+
+@test
+def process_group_transport_same_bits_as_mpi():
+    """Under mpirun: a plan over torch.distributed's group (its gloo send/recv) gives the
+    same bits as the same plan over MPI."""
+    if TORCHRUN or p == 1:
+        return
+    g = torch.Generator().manual_seed(500 + rank)
+    x = torch.randn(1 << 18, generator=g)
+    a, b = x.clone(), x.clone()
+    cgx_torch.allreduce_(a, bits=4)
+    cgx_torch.allreduce_(b, bits=4, comm=dist.distributed_c10d._get_default_group())
+    assert torch.equal(a, b) and same_everywhere(b)
+
+
+@test
+def wait_limit_raises_on_every_rank():
+    """Under torchrun, over a group with a 3 s timeout: rank 1 skips a call; its peers raise
+    CGXError (timed out, naming the rank) within the timeout and the poll, and rank 1's
+    next call raises too, having heard of it, instead of waiting."""
+    if not TORCHRUN or p == 1:
+        return
+    g = dist.new_group(timeout=datetime.timedelta(seconds=3))
+    x = torch.randn(50000, generator=torch.Generator().manual_seed(600 + rank))
+    cgx_torch.allreduce_(x.clone(), bits=4, comm=g)  # builds the plan on every rank
+    t0 = time.monotonic()
+    if rank != 1:
+        raises(cgx_torch.CGXError, lambda: cgx_torch.allreduce_(x.clone(), bits=4, comm=g), "timed out")
+        took = time.monotonic() - t0
+        assert took < 15, f"raised after {took:.1f} s (timeout 3 s)"
+    else:
+        time.sleep(6)  # its peers give up meanwhile
+        e = raises(cgx_torch.CGXError, lambda: cgx_torch.allreduce_(x.clone(), bits=4, comm=g), "timed out")
+        assert "rank 1" in str(e), str(e)
+        assert time.monotonic() - t0 < 15
+
+
+def rank_that_leaves():
+    """Under torchrun, last: the last rank exits between two calls; every other rank's call
+    raises CGXError within the group's timeout instead of hanging. Returns 1 on failure."""
+    x = torch.randn(50000, generator=torch.Generator().manual_seed(700 + rank))
+    cgx_torch.allreduce_(x.clone(), bits=4)
+    dist.barrier()
+    if rank == p - 1:
+        sys.stdout.flush()
+        os._exit(0)
+    t0 = time.monotonic()
+    try:
+        cgx_torch.allreduce_(x.clone(), bits=4)
+        ok, what = False, "the call returned"
+    except cgx_torch.CGXError as e:
+        ok, what = time.monotonic() - t0 < 60, str(e).splitlines()[0]
+    print(f"{'ok    ' if ok else 'FAILED'} rank_that_leaves (rank {rank}, {time.monotonic() - t0:.1f} s): {what}",
+          flush=True)
+    sys.stdout.flush()
+    os._exit(0 if ok else 1)  # the group is broken: no teardown
+
+
 def main():
     """Runs every test on every rank; exit status 1 when one failed on some rank."""
-    cgx_torch.init_process_group_from_mpi(comm)
     failed = 0
     for f in tests:
         try:
@@ -334,12 +451,15 @@ def main():
         except Exception:
             ok = False
             traceback.print_exc()
-        all_ok = comm.allreduce(ok, op=MPI.LAND)
+        all_ok = comm.all(ok)
         failed += not all_ok
         if rank == 0:
             print(f"{'ok    ' if all_ok else 'FAILED'} {f.__name__} ({p} ranks)", flush=True)
     if rank == 0:
-        print(f"cgx_torch tests: {len(tests) - failed} passed, {failed} failed ({p} ranks)")
+        print(f"cgx_torch tests: {len(tests) - failed} passed, {failed} failed ({p} ranks, "
+              f"{'torchrun: torch.distributed group' if TORCHRUN else 'mpirun: MPI'})", flush=True)
+    if TORCHRUN and p > 2 and not failed:
+        rank_that_leaves()  # exits
     dist.destroy_process_group()
     cgx_torch.free_plans()
     sys.exit(1 if failed else 0)

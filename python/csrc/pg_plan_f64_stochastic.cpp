@@ -1,0 +1,6 @@
+// cgx::layerwise_plan<double, pg_transport, quant::stochastic> for pg_plans.cpp (see host_plan.inl).
+#include "host_plan.inl"
+
+namespace cgx_torch::detail {
+CGX_TORCH_PG_PLAN(, double, stochastic)
+}  // namespace cgx_torch::detail

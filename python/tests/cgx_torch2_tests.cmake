@@ -1,0 +1,57 @@
+# cgx_torch against torch 2.x from PyPI, launched as its users launch it (torchrun), in
+# the venv CGX_TORCH2_PYTHON names (scripts/torch2-venv makes one; scripts/test sets it).
+# Included from tests/CMakeLists.txt; nothing is registered when CGX_TORCH2_PYTHON is empty.
+#
+#   cgx_torch2.build          the extension without MPI (CGX_TORCH_MPI=0): torch.distributed
+#                             process groups only; a fixture
+#   cgx_torch2.torchrun3      python/tests/test_cgx_torch.py under torchrun, 3 ranks, over
+#                             the gloo group; CGX_TEST_NO_MPI=1: no MPI library in the
+#                             extension or the processes
+#   cgx_backend.torchrun3     python/tests/test_backend.py: dist.init_process_group("cgx")
+#   train_ddp2.torchrun4      examples/python/train_ddp.py under torchrun, 4 ranks: cgx 4-bit
+#                             within 1 point of fp32, identical parameters
+#   cgx_torch2.build_cuda     where nvcc is: the CUDA build against PyPI's CUDA torch (device
+#                             plans for sm_90, host code at -O0: compiled, not run), imported
+#                             on this GPU-less machine; build_info must say "device plans:
+#                             compiled" and SIMD host kernels
+set(CGX_TORCH2_PYTHON "" CACHE FILEPATH "python of a venv with torch 2.x for cgx_torch's torchrun tests (empty: none)")
+if(NOT CGX_TORCH2_PYTHON OR CGX_SANITIZE OR CMAKE_CROSSCOMPILING)
+  return()
+endif()
+
+set(_t2 ${CMAKE_CURRENT_BINARY_DIR}/cgx_torch2)
+add_test(NAME cgx_torch2.build
+         COMMAND ${CMAKE_COMMAND} -E env CGX_TORCH_MPI=0 CGX_TORCH_CUDA=0 CGX_INCLUDE_DIR=${PROJECT_SOURCE_DIR}/include
+                 MAX_JOBS=2 "${CGX_TORCH2_PYTHON}" ${PROJECT_SOURCE_DIR}/python/setup.py -q build
+                 --build-base ${_t2}/setup --build-lib ${_t2}/lib)
+set_tests_properties(cgx_torch2.build PROPERTIES FIXTURES_SETUP cgx_torch2 LABELS "python;torch2" PROCESSORS 2
+                     TIMEOUT 1800)
+
+set(_t2_env PYTHONPATH=${_t2}/lib PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo)
+set(_t2_run "${CGX_TORCH2_PYTHON}" -m torch.distributed.run --standalone)
+add_test(NAME cgx_torch2.torchrun3
+         COMMAND ${_t2_run} --nproc-per-node 3 ${PROJECT_SOURCE_DIR}/python/tests/test_cgx_torch.py)
+set_tests_properties(cgx_torch2.torchrun3 PROPERTIES FIXTURES_REQUIRED cgx_torch2 LABELS "python;torch2" PROCESSORS 3
+                     ENVIRONMENT "${_t2_env};CGX_TEST_NO_MPI=1" TIMEOUT 600)
+add_test(NAME cgx_backend.torchrun3
+         COMMAND ${_t2_run} --nproc-per-node 3 ${PROJECT_SOURCE_DIR}/python/tests/test_backend.py)
+set_tests_properties(cgx_backend.torchrun3 PROPERTIES FIXTURES_REQUIRED cgx_torch2 LABELS "python;torch2"
+                     PROCESSORS 3 ENVIRONMENT "${_t2_env}" TIMEOUT 600)
+add_test(NAME train_ddp2.torchrun4
+         COMMAND ${_t2_run} --nproc-per-node 4 ${PROJECT_SOURCE_DIR}/examples/python/train_ddp.py)
+set_tests_properties(train_ddp2.torchrun4 PROPERTIES FIXTURES_REQUIRED cgx_torch2
+                     LABELS "python;torch2;example;training" PROCESSORS 4 ENVIRONMENT "${_t2_env}" TIMEOUT 900
+                     FAIL_REGULAR_EXPRESSION "FAILED")
+
+find_program(_cgx_t2_nvcc nvcc PATHS /usr/local/cuda/bin NO_CACHE)
+if(_cgx_t2_nvcc)
+  get_filename_component(_cgx_t2_cuda_home "${_cgx_t2_nvcc}" DIRECTORY)
+  get_filename_component(_cgx_t2_cuda_home "${_cgx_t2_cuda_home}" DIRECTORY)
+  add_test(NAME cgx_torch2.build_cuda
+           COMMAND ${CMAKE_COMMAND} -E env CGX_TORCH_MPI=1 CGX_TORCH_CUDA=1 TORCH_CUDA_ARCH_LIST=9.0 CGX_TORCH_OPT=-O0
+                   CUDA_HOME=${_cgx_t2_cuda_home} CGX_INCLUDE_DIR=${PROJECT_SOURCE_DIR}/include MAX_JOBS=2
+                   sh -c "\"${CGX_TORCH2_PYTHON}\" ${PROJECT_SOURCE_DIR}/python/setup.py -q build --build-base ${_t2}/cuda-setup --build-lib ${_t2}/cuda-lib && cd ${_t2} && PYTHONPATH=${_t2}/cuda-lib \"${CGX_TORCH2_PYTHON}\" -c \"import cgx_torch; print(cgx_torch.build_info())\"")
+  set_tests_properties(cgx_torch2.build_cuda PROPERTIES LABELS "python;torch2;device_code" PROCESSORS 2 TIMEOUT 2400
+                       PASS_REGULAR_EXPRESSION "device plans: compiled"
+                       FAIL_REGULAR_EXPRESSION "host kernels: scalar")
+endif()

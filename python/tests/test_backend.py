@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""Tests of cgx_torch's `cgx` torch.distributed backend (torch >= 2.x), under torchrun at
+any number of ranks >= 2:
+
+    torchrun --standalone --nproc-per-node 3 python/tests/test_backend.py
+
+dist.init_process_group("cgx"): all_reduce of float32/float64/float16 tensors (SUM, AVG)
+compressed, within the SRA's bound, the same bits on every rank; reduce_scatter_tensor
+compressed, within the bound; every other op and dtype exact (gloo); the environment's
+settings (CGX_COMPRESSION_QUANTIZATION_BITS ...) and configure(); settings that differ
+between ranks raise on every rank; DDP over the backend trains with identical parameters
+on every rank. Prints one line per test on rank 0; exit status 1 when one failed.
+"""
+import hashlib
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import cgx_torch
+import cgx_torch.backend
+
+dist.init_process_group("cgx")
+rank, p = dist.get_rank(), dist.get_world_size()
+tests = []
+
+
+def test(f):
+    tests.append(f)
+    return f
+
+
+def gather(x):
+    """x from every rank (objects)."""
+    out = [None] * p
+    dist.all_gather_object(out, x)
+    return out
+
+
+def same_everywhere(t):
+    """Whether every rank holds the same bits in t."""
+    h = hashlib.blake2b(t.contiguous().view(torch.uint8).numpy().tobytes(), digest_size=16).hexdigest()
+    return len(set(gather(h))) == 1
+
+
+def exact_sum(x):
+    """The float64 sum over the ranks of x (gathered, summed here)."""
+    return sum(torch.from_numpy(a) for a in gather(x.double().numpy()))
+
+
+def within_bound(got, xs, want, bits, bucket=1024):
+    """|got - want| within the SRA's bound per bucket (p - 1 contributions quantized once,
+    the sum once; stochastic: < one unit each), 10% slack for the sum's own range."""
+    levels = 2**bits - 1
+    err = (got.double() - want).abs()
+    for b in range(0, want.numel(), bucket):
+        c = torch.stack([x[b:b + bucket].double() for x in xs])
+        s = want[b:b + bucket]
+        bound = ((c.max(1).values - c.min(1).values).sum() + (s.max() - s.min())) / levels
+        if err[b:b + bucket].max() > 1.1 * bound + 1e-5:
+            return False
+    return True
+
+
+@test
+def backend_is_cgx():
+    """init_process_group("cgx") gives the cgx backend."""
+    assert dist.get_backend() == "cgx", dist.get_backend()
+
+
+@test
+def allreduce_compressed_within_bound():
+    """float32 SUM at the default 4 bits: within the bound, not exact, the same bits everywhere;
+    AVG the sum / p; float64 and float16 too."""
+    n = 6 * 1024 + 77
+    x = torch.randn(n, generator=torch.Generator().manual_seed(10 + rank)) * (1 + rank)
+    xs = [torch.from_numpy(a) for a in gather(x.numpy())]
+    want = exact_sum(x)
+    t = x.clone()
+    dist.all_reduce(t)
+    assert same_everywhere(t), "ranks hold different bits"
+    assert within_bound(t, xs, want, 4), (t.double() - want).abs().max()
+    assert (t.double() - want).abs().max() > 1e-4, "not compressed"
+    a = x.clone()
+    dist.all_reduce(a, op=dist.ReduceOp.AVG)
+    assert same_everywhere(a) and within_bound(a * p, xs, want, 4)
+    d = x.double()
+    dist.all_reduce(d)
+    assert d.dtype == torch.float64 and within_bound(d, xs, want, 4)
+    h = x.half()
+    dist.all_reduce(h)
+    assert h.dtype == torch.float16 and same_everywhere(h)
+    assert (h.double() - want).abs().max() <= 2 * (want.max() - want.min()) / 15 + 0.01 * want.abs().max()
+
+
+@test
+def reduce_scatter_tensor_compressed():
+    """reduce_scatter_tensor (SUM): this rank's shard of the compressed sum, within the bound."""
+    m = 2048
+    x = torch.randn(p * m, generator=torch.Generator().manual_seed(20 + rank))
+    xs = [torch.from_numpy(a) for a in gather(x.numpy())]
+    want = exact_sum(x)
+    out = torch.empty(m)
+    dist.reduce_scatter_tensor(out, x)
+    mine = want[rank * m:(rank + 1) * m]
+    shard = [c[rank * m:(rank + 1) * m] for c in xs]
+    assert within_bound(out, shard, mine, 4), (out.double() - mine).abs().max()
+    assert (out.double() - mine).abs().max() > 1e-4, "not compressed"
+
+
+@test
+def other_ops_exact():
+    """Integers, MAX, broadcast, all_gather, barrier: gloo's exact results."""
+    i = torch.arange(5000, dtype=torch.int64) * (rank + 1)
+    dist.all_reduce(i)
+    assert torch.equal(i, torch.arange(5000, dtype=torch.int64) * (p * (p + 1) // 2))
+    f = torch.full((3000,), float(rank))
+    dist.all_reduce(f, op=dist.ReduceOp.MAX)
+    assert torch.all(f == p - 1)
+    b = torch.full((100,), float(rank))
+    dist.broadcast(b, src=p - 1)
+    assert torch.all(b == p - 1)
+    outs = [torch.empty(10) for _ in range(p)]
+    dist.all_gather(outs, torch.full((10,), float(rank)))
+    assert all(torch.all(o == r) for r, o in enumerate(outs))
+    small = torch.full((10,), 1.5)  # under CGX_COMPRESSION_MINIMAL_SIZE: exact
+    dist.all_reduce(small)
+    assert torch.all(small == 1.5 * p)
+    dist.barrier()
+
+
+@test
+def settings_from_environment_and_configure():
+    """A group created after configure(bits=8) reduces at 8 bits (smaller error than 4);
+    CGX_COMPRESSION_QUANTIZATION_BITS=32 means uncompressed (exact on integer values)."""
+    x = torch.randn(8192, generator=torch.Generator().manual_seed(30 + rank))
+    want = exact_sum(x)
+    t4 = x.clone()
+    dist.all_reduce(t4)
+    cgx_torch.backend.configure(bits=8)
+    g8 = dist.new_group(backend="cgx")
+    t8 = x.clone()
+    dist.all_reduce(t8, group=g8)
+    e4, e8 = (t4.double() - want).abs().max(), (t8.double() - want).abs().max()
+    assert e8 < e4 / 4, (e4, e8)
+    os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"] = "32"
+    cgx_torch.backend._overrides.clear()
+    g0 = dist.new_group(backend="cgx")
+    z = torch.randint(-100, 100, (8192,), generator=torch.Generator().manual_seed(rank)).float()
+    zw = exact_sum(z)
+    dist.all_reduce(z, group=g0)
+    assert torch.equal(z.double(), zw)
+    del os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"]
+
+
+@test
+def mismatched_settings_raise_everywhere():
+    """Ranks with different bits: the first all_reduce raises on every rank, naming the cause."""
+    cgx_torch.backend.configure(bits=8 if rank == 0 else 4)
+    g = dist.new_group(backend="cgx")
+    cgx_torch.backend._overrides.clear()
+    try:
+        dist.all_reduce(torch.ones(5000), group=g)
+    except Exception as e:  # noqa: BLE001 (torch re-raises the backend's error as its own type)
+        assert "different settings" in str(e), str(e)
+    else:
+        raise AssertionError("no error")
+
+
+@test
+def ddp_over_the_backend():
+    """DDP over the cgx backend: a few SGD steps, identical parameters on every rank, the
+    loss goes down."""
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 10))
+    m = DDP(model)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(64, 32, generator=g)
+    y = torch.randint(0, 10, (64,), generator=g)
+    losses = []
+    for _ in range(20):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    for q in model.parameters():
+        assert same_everywhere(q.detach())
+    assert losses[-1] < losses[0] - 0.1, losses
+
+
+def main():
+    failed = 0
+    for f in tests:
+        try:
+            f()
+            ok = True
+        except Exception:  # noqa: BLE001
+            ok = False
+            traceback.print_exc()
+        all_ok = all(gather(ok))
+        failed += not all_ok
+        if rank == 0:
+            print(f"{'ok    ' if all_ok else 'FAILED'} {f.__name__} ({p} ranks)", flush=True)
+    if rank == 0:
+        print(f"cgx backend tests: {len(tests) - failed} passed, {failed} failed ({p} ranks, torch {torch.__version__})",
+              flush=True)
+    dist.destroy_process_group()
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
