@@ -162,19 +162,42 @@ elseif(MODE STREQUAL "add_subdirectory")
   build_and_run()
 
 elseif(MODE STREQUAL "fetchcontent")
-  # A tarball of the working tree as it is now (committed or not), without .git and
-  # build trees, fetched by URL with its hash.
-  file(GLOB entries LIST_DIRECTORIES true RELATIVE ${CGX_SOURCE_DIR} ${CGX_SOURCE_DIR}/* ${CGX_SOURCE_DIR}/.*)
-  list(REMOVE_DUPLICATES entries)
+  # A tarball of the working tree as it is now (committed or not), fetched by URL with its
+  # hash. In a git work tree: the files git lists (tracked, and untracked ones it does not
+  # ignore), so nothing .gitignore names goes in (build/ holds build trees, the PyPI torch
+  # venv, downloads: gigabytes). Elsewhere (an unpacked release): the top-level entries
+  # but .git and build trees.
   set(list_file ${dir}/files.txt)
-  file(WRITE ${list_file} "")
-  foreach(e IN LISTS entries)
-    set(p ${CGX_SOURCE_DIR}/${e})
-    if(e MATCHES "^\\.(git|cache|vscode|idea)?$" OR EXISTS ${p}/CMakeCache.txt OR p STREQUAL CGX_OUTER_BINARY_DIR)
-      continue()
+  find_package(Git QUIET)
+  set(listed FALSE)
+  if(GIT_EXECUTABLE AND EXISTS ${CGX_SOURCE_DIR}/.git)
+    execute_process(COMMAND ${GIT_EXECUTABLE} -C ${CGX_SOURCE_DIR} ls-files --cached --others --exclude-standard
+                    RESULT_VARIABLE rc OUTPUT_FILE ${list_file} ERROR_VARIABLE err)
+    if(rc EQUAL 0)
+      set(listed TRUE)
+      # A file deleted from the work tree but not from the index is listed; tar would fail.
+      file(STRINGS ${list_file} files)
+      file(WRITE ${list_file} "")
+      foreach(f IN LISTS files)
+        if(EXISTS ${CGX_SOURCE_DIR}/${f} AND NOT IS_DIRECTORY ${CGX_SOURCE_DIR}/${f})
+          file(APPEND ${list_file} "${f}\n")
+        endif()
+      endforeach()
     endif()
-    file(APPEND ${list_file} "${e}\n")
-  endforeach()
+  endif()
+  if(NOT listed)
+    file(GLOB entries LIST_DIRECTORIES true RELATIVE ${CGX_SOURCE_DIR} ${CGX_SOURCE_DIR}/* ${CGX_SOURCE_DIR}/.*)
+    list(REMOVE_DUPLICATES entries)
+    file(WRITE ${list_file} "")
+    foreach(e IN LISTS entries)
+      set(p ${CGX_SOURCE_DIR}/${e})
+      if(e MATCHES "^\\.(git|cache|vscode|idea)?$" OR e STREQUAL "build" OR EXISTS ${p}/CMakeCache.txt
+         OR p STREQUAL CGX_OUTER_BINARY_DIR)
+        continue()
+      endif()
+      file(APPEND ${list_file} "${e}\n")
+    endforeach()
+  endif()
   step("tar the working tree" COMMAND ${CMAKE_COMMAND} -E chdir ${CGX_SOURCE_DIR}
                                       ${CMAKE_COMMAND} -E tar czf ${dir}/cgx-src.tar.gz --files-from=${list_file})
   file(SHA256 ${dir}/cgx-src.tar.gz sha)
