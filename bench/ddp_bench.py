@@ -35,17 +35,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import cgx_torch
-
-
-def make_model(dims):
-    """The MLP of the benchmark (the same weights on every rank)."""
-    torch.manual_seed(0)
-    layers = []
-    for i in range(len(dims) - 1):
-        layers.append(nn.Linear(dims[i], dims[i + 1]))
-        if i < len(dims) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
+from mlp import make_model  # bench/mlp.py (bench/ is sys.path[0])
 
 
 def main():
