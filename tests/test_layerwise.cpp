@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "checksums.hpp"
@@ -292,6 +293,57 @@ TEST_CASE("error feedback: the mean over calls converges to the sum; reset; memo
     CHECK(with < 1e-12);  // one rank: nothing is quantized
     CHECK(without < 1e-12);
   }
+}
+
+TEST_CASE("a plan resumed from another's calls(), settings and residuals reduces with its bits") {
+  // What a checkpoint carries (cgx_torch's CGXState): after 3 calls of plan a, a new
+  // plan b takes a's call counter (the key of stochastic rounding's bits), settings and
+  // error-feedback residuals; the next 3 calls of both give the same bits. Without them
+  // b's calls differ (at more than one rank, where anything is quantized).
+  const int r = world_rank(), p = world_size();
+  const auto ls = model_layers();
+  const std::vector<std::vector<float>> xs{inputs<float>(r, model_size, 31), inputs<float>(r, model_size, 32),
+                                           inputs<float>(r, model_size, 33), inputs<float>(r, model_size, 34)};
+  auto run3 = [&](auto& plan) {
+    std::vector<std::vector<float>> out;
+    for (int c = 1; c < 4; ++c) {
+      auto x = xs[static_cast<std::size_t>(c)];
+      plan(x.data(), model_size);
+      out.push_back(x);
+    }
+    return out;
+  };
+  for (const bool ef : {false, true}) {
+    CAPTURE(ef);
+    const cgx::layerwise_options o{.defaults = {.bits = ef ? 2 : 3}, .error_feedback = ef};
+    cgx::layerwise_plan<float, mpi> a{mpi{MPI_COMM_WORLD}, model_size, ls, o};
+    for (int c = 0; c < 3; ++c) {
+      auto x = xs[0];
+      a(x.data(), model_size);
+    }
+    auto s = a.settings();
+    s[0].bits = 5;  // a changed setting (the adaptive assignment's kind) travels too
+    a.set_settings(s);
+    cgx::layerwise_plan<float, mpi> b{mpi{MPI_COMM_WORLD}, model_size, ls, o}, fresh{mpi{MPI_COMM_WORLD}, model_size, ls, o};
+    b.set_settings(a.settings());
+    b.set_calls(a.calls());
+    if (ef) b.set_feedback(a.feedback().residual());
+    CHECK(b.calls() == 3);
+    fresh.set_settings(a.settings());
+    const auto want = run3(a), got = run3(b), other = run3(fresh);
+    CHECK(got == want);
+    if (p > 1) CHECK(other != want);
+  }
+  // refused: residuals for a plan without error feedback, a wrong count, a value not finite
+  cgx::layerwise_plan<float, mpi> plain{mpi{MPI_COMM_WORLD}, model_size, ls};
+  const std::vector<float> zeros(model_size, 0.0f);
+  CHECK_THROWS_AS(plain.set_feedback(zeros), cgx::error);
+  cgx::layerwise_plan<float, mpi> with{mpi{MPI_COMM_WORLD}, model_size, ls, {.error_feedback = true}};
+  CHECK_THROWS_AS(with.set_feedback(std::span<const float>(zeros).first(10)), cgx::error);
+  auto bad = zeros;
+  bad[7] = std::numeric_limits<float>::infinity();
+  CHECK_THROWS_AS(with.set_feedback(bad), cgx::error);
+  for (float e : with.feedback().residual()) REQUIRE(e == 0.0f);
 }
 
 TEST_CASE("error_feedback<T> over a compile-time quantizer: decoded values average to the input") {

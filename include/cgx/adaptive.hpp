@@ -109,6 +109,9 @@ class adaptive_bits {
 
   /// The current sensitivities (0 for layers not adapted or not observed).
   const std::vector<double>& sensitivity() const noexcept { return sens_; }
+  /// Whether any statistic was taken yet (observe or set_sensitivity): the first one
+  /// replaces the sensitivities, later ones are averaged in with `decay`.
+  bool observed() const noexcept { return observed_; }
 
   /// The assignment for the current statistics: one setting per layer. Before any
   /// observation, the initial settings with min(max_bits, max(min_bits, target)) bits.

@@ -79,10 +79,12 @@
 #include <cmath>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "concepts.hpp"
+#include "error.hpp"
 #include "quant/host_exec.hpp"
 #include "quant/rounding.hpp"
 
@@ -172,6 +174,18 @@ class error_feedback {
   void reset() { std::fill(e_.begin(), e_.end(), T(0)); }
   /// The residuals.
   std::span<const T> residual() const noexcept { return e_; }
+  /// Replaces the residuals with r (e.g. from a checkpoint: residual() of a run that is
+  /// resumed). Throws cgx::error(errc::invalid_argument), keeping the old ones, when
+  /// r.size() != size() or a value is not finite.
+  void assign(std::span<const T> r) {
+    if (r.size() != e_.size())
+      throw error(errc::invalid_argument, "error_feedback: " + std::to_string(r.size()) + " residuals given for " +
+                                              std::to_string(e_.size()) + " values");
+    for (const T v : r)
+      if (!std::isfinite(static_cast<double>(v)))
+        throw error(errc::invalid_argument, "error_feedback: a residual given is not finite");
+    std::copy(r.begin(), r.end(), e_.begin());
+  }
   /// Values covered.
   std::size_t size() const noexcept { return e_.size(); }
   /// Bytes of memory held for the residuals: size() * sizeof(T).

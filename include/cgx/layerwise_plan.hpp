@@ -172,8 +172,17 @@ class layerwise_base {
     }
     return count == 0 ? 0.0 : bits / count;
   }
-  /// Calls made so far.
+  /// Calls made so far: the key of the next call's random bits (stochastic rounding).
   std::uint32_t calls() const noexcept { return calls_; }
+  /// Sets the call counter, e.g. to resume from a checkpoint (calls() of the plan that
+  /// took it): the next call then draws the random bits that plan's next call would
+  /// have. Local: every rank must set the same value before its next call (collective
+  /// checking does not see it). Throws cgx::error(errc::invalid_argument) at once when
+  /// another thread is in a call of this plan.
+  void set_calls(std::uint32_t c) {
+    const call_guard claimed(busy_, "layerwise_plan::set_calls");
+    calls_ = c;
+  }
   /// The transport.
   X& transport() noexcept { return x_; }
   const X& transport() const noexcept { return x_; }
@@ -316,6 +325,17 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
   void reset_error_feedback() { ef_.reset(); }
   /// The error-feedback state; empty (size() 0) without error feedback.
   const error_feedback<T>& feedback() const noexcept { return ef_; }
+  /// Replaces this rank's error-feedback residuals (e.g. feedback().residual() saved
+  /// with a checkpoint; with set_settings and set_calls a resumed run reduces with the
+  /// bits the uninterrupted one would have). Local. Throws cgx::error(errc::invalid_argument),
+  /// keeping the old residuals, without error feedback, for a wrong size or a value that
+  /// is not finite, and when another thread is in a call of this plan.
+  void set_feedback(std::span<const T> residual) {
+    const detail::call_guard claimed(this->busy_, "layerwise_plan::set_feedback");
+    if (ef_.size() == 0 && !residual.empty())
+      throw error(errc::invalid_argument, "layerwise_plan: set_feedback on a plan without error feedback");
+    ef_.assign(residual);
+  }
   /// Bytes of workspace held.
   std::size_t workspace_size() const noexcept { return ws_bytes_; }
 

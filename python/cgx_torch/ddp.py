@@ -113,11 +113,22 @@ class CGXState:
     does by default) runs the reductions on a background thread, one bucket after the
     other, while the backward pass goes on, as DDP's own allreduce does; the hook then
     returns a Future that the thread completes. ``overlap=False`` reduces inside the hook.
+
+    Checkpoints: ``state_dict()`` / ``load_state_dict()`` (every rank its own: the
+    error-feedback residuals are per rank), or pickle the state (``torch.save(state)``)
+    as PowerSGDState is: the communicator is not saved, an unpickled state uses the
+    default one. A restored state continues with the bits the uninterrupted run would
+    have reduced with (settings, adaptive statistics, residuals and each plan's call
+    counter, the key of its random bits), from the first step whose bucket layout is
+    the saved one.
     """
 
     def __init__(self, comm=None, bits=4, *, bucket=1024, rounding="stochastic", min_compressed=1024,
                  error_feedback=False, adaptive=None, check="build", seed=0x63677821, threads=1, overlap=None):
         """See the class; raises ValueError/TypeError for bad settings or communicator."""
+        self._ctor = dict(bits=bits, bucket=bucket, rounding=rounding, min_compressed=min_compressed,
+                          error_feedback=error_feedback, adaptive=adaptive, check=check, seed=seed, threads=threads,
+                          overlap=overlap)
         self.settings = _core.make_settings(bits, bucket, rounding, min_compressed, error_feedback, adaptive, check,
                                             seed, threads)
         self.group = _core.group_of(comm)
@@ -131,7 +142,51 @@ class CGXState:
         self._staging = {}  # bucket index -> its float32 buffer (float16/bfloat16 buckets)
         self.calls = 0
         self._worker = None
+        self._pending = {}  # bucket index -> (layout key, plan snapshot) from load_state_dict
         _states.add(self)
+
+    STATE_VERSION = 1
+
+    def state_dict(self):
+        """This rank's hook state for a checkpoint (local; take it between steps, when no
+        reduction is in flight): the settings, the step count and, per bucket, its layout
+        and its plan's snapshot (call counter, current bits per layer, adaptive
+        statistics, error-feedback residuals). Plain Python data: torch.save or pickle."""
+        plans = {i: (key, plan.snapshot()) for i, (key, plan) in self.plans.items()}
+        plans.update({i: v for i, v in self._pending.items() if i not in plans})
+        return {"version": self.STATE_VERSION, "settings": self.settings, "calls": self.calls, "plans": plans}
+
+    def load_state_dict(self, sd):
+        """Takes over a state_dict() of this rank from a state with the same settings
+        (ValueError otherwise). A bucket whose plan exists with the saved layout is
+        restored at once; the others when their plan is built with that layout (the
+        first step, or after DDP rebuilds its buckets). Local: every rank loads its own."""
+        if not isinstance(sd, dict) or sd.get("version") != self.STATE_VERSION:
+            raise ValueError(f"cgx_torch: not a CGXState state_dict of version {self.STATE_VERSION}")
+        if sd["settings"] != self.settings:
+            raise ValueError(f"cgx_torch: the state_dict's settings ({sd['settings']}) differ from this state's "
+                             f"({self.settings})")
+        self.calls = int(sd["calls"])
+        self._pending = dict(sd["plans"])
+        for i, (key, plan) in list(self.plans.items()):
+            self._restore(i, key, plan)
+
+    def _restore(self, index, key, plan):
+        """Restores bucket `index`'s pending snapshot into `plan` when the layouts agree."""
+        pending = self._pending.get(index)
+        if pending is not None and pending[0] == key:
+            plan.restore(pending[1])
+            del self._pending[index]
+
+    def __getstate__(self):
+        """Pickles the settings and state_dict(), not the communicator or the plans."""
+        return {"ctor": self._ctor, "state": self.state_dict()}
+
+    def __setstate__(self, d):
+        """An unpickled state: over the default communicator (see the class), with the
+        saved state pending until its buckets' plans are built."""
+        self.__init__(None, **d["ctor"])
+        self.load_state_dict(d["state"])
 
     def plan_for(self, index, buf, layers, work=None):
         """The plan of bucket `index` for this buffer and layout (collective when built);
@@ -155,6 +210,7 @@ class CGXState:
         _core.agree(self.group, (index,) + key + ((None,) if self.settings.check == "call" else ()), problem)
         plan = _core.new_plan(self.group, buf if work is None else work, layers, self.settings)
         self.plans[index] = (key, plan)
+        self._restore(index, key, plan)
         return plan
 
     def average_bits(self):

@@ -433,6 +433,39 @@ class py_plan {
     for (const auto& [b, k] : p_->settings()) out.append(py::make_tuple(b, k));
     return out;
   }
+  /// This rank's state for a checkpoint, as a dict (plans.hpp: plan_snapshot).
+  py::dict snapshot() const {
+    const cgx_torch::plan_snapshot s = guarded([&] { return p_->snapshot(); });
+    py::list st;
+    for (const auto& [b, k] : s.settings) st.append(py::make_tuple(b, k));
+    py::dict d;
+    d["calls"] = s.calls;
+    d["settings"] = st;
+    d["observed"] = s.observed;
+    d["sensitivity"] = s.sensitivity;
+    d["residual"] = py::bytes(reinterpret_cast<const char*>(s.residual.data()), s.residual.size());
+    return d;
+  }
+  /// Takes over a snapshot() dict of a plan of the same layout and settings.
+  void restore(const py::dict& d) {
+    cgx_torch::plan_snapshot s;
+    try {
+      s.calls = d["calls"].cast<std::uint32_t>();
+      for (const auto& x : d["settings"].cast<py::list>()) {
+        const auto t = x.cast<py::tuple>();
+        s.settings.emplace_back(t[0].cast<int>(), t[1].cast<std::size_t>());
+      }
+      s.observed = d["observed"].cast<bool>();
+      s.sensitivity = d["sensitivity"].cast<std::vector<double>>();
+      const std::string r = d["residual"].cast<std::string>();
+      s.residual.assign(r.begin(), r.end());
+    } catch (const py::error_already_set&) {
+      throw py::value_error("cgx_torch: not a plan snapshot (a dict of calls, settings, observed, sensitivity, residual)");
+    } catch (const py::cast_error&) {
+      throw py::value_error("cgx_torch: not a plan snapshot (a dict of calls, settings, observed, sensitivity, residual)");
+    }
+    guarded([&] { p_->restore(s); });
+  }
   double average_bits() const { return p_->average_bits(); }
   std::size_t bytes_sent() const { return p_->bytes_sent(); }
   std::size_t size() const { return p_->size(); }
@@ -536,6 +569,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "Sums the tensor over the ranks, in place; collective. Checks it first (TypeError/ValueError); "
            "CGXError when cgx fails.")
       .def("settings", &py_plan::settings, "The current (bits, bucket) of every layer (bits 0: uncompressed).")
+      .def("snapshot", &py_plan::snapshot,
+           "This rank's state for a checkpoint: a dict of calls (the key of the next call's random bits), settings, "
+           "observed and sensitivity (adaptive statistics) and residual (error feedback's, bytes).")
+      .def("restore", &py_plan::restore, py::arg("snapshot"),
+           "Takes over a snapshot() of a plan of the same layout and settings (local; every rank its own): the next "
+           "run() reduces with the bits that plan's next run() would have. ValueError for a dict that is not a "
+           "snapshot, CGXError for one that does not fit (nothing changed).")
       .def_property_readonly("average_bits", &py_plan::average_bits,
                              "Average bits per value (uncompressed values count 32 or 64), metadata excluded.")
       .def_property_readonly("bytes_sent", &py_plan::bytes_sent, "Bytes this rank sends per call.")

@@ -3,6 +3,7 @@
 // the caller's stream (the current torch stream, handed over by bindings.cpp). No torch
 // header here (see plans.hpp).
 #include "plans.hpp"
+#include "snapshot.hpp"
 
 #include <cgx/cgx.cuh>
 
@@ -74,6 +75,10 @@ class device_plan final : public plan {
   int rank() const override { return plan_.transport().rank(); }
   int world() const override { return plan_.transport().size(); }
   bool on_device() const override { return true; }
+  plan_snapshot snapshot() const override { return detail::take_snapshot(plan_, adapt_, std::span<const T>{}); }
+  void restore(const plan_snapshot& s) override {
+    detail::restore_snapshot<T>(plan_, adapt_, 0, s, [](std::span<const T>) {});
+  }
 
  private:
   cgx::layerwise_device_plan<T, cgx::comm::mpi, Rounding> plan_;

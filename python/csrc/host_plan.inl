@@ -5,6 +5,7 @@
 #pragma once
 #include "plans.hpp"
 #include "pg_transport.hpp"
+#include "snapshot.hpp"
 
 #include <cgx/adaptive.hpp>
 #include <cgx/layerwise_plan.hpp>
@@ -80,6 +81,11 @@ class host_plan final : public plan {
   int rank() const override { return plan_.transport().rank(); }
   int world() const override { return plan_.transport().size(); }
   bool on_device() const override { return false; }
+  plan_snapshot snapshot() const override { return take_snapshot(plan_, adapt_, plan_.feedback().residual()); }
+  void restore(const plan_snapshot& s) override {
+    restore_snapshot<T>(plan_, adapt_, plan_.feedback().size(), s,
+                        [this](std::span<const T> r) { plan_.set_feedback(r); });
+  }
 
  private:
   cgx::layerwise_plan<T, X, Rounding> plan_;

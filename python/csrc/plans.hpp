@@ -43,6 +43,17 @@ struct plan_config {
   double top_fraction = 0.01;
 };
 
+/// What a plan carries from call to call, for a checkpoint (CGXState's state_dict and
+/// pickling): restored into a new plan of the same layout and settings, the next call
+/// reduces with the bits the uninterrupted plan's next call would have.
+struct plan_snapshot {
+  std::uint32_t calls = 0;                               ///< the key of the next call's random bits
+  std::vector<std::pair<int, std::size_t>> settings;     ///< (bits, bucket) per layer
+  bool observed = false;                                 ///< adaptive: statistics taken yet
+  std::vector<double> sensitivity;                       ///< adaptive: per layer; empty when not adaptive
+  std::vector<unsigned char> residual;                   ///< error feedback: this rank's residuals' bytes
+};
+
 /// A layer-wise plan over one communicator, type-erased over the element type and the
 /// rounding. run() sums in place over the ranks (collective).
 class plan {
@@ -60,6 +71,12 @@ class plan {
   virtual int rank() const = 0;
   virtual int world() const = 0;
   virtual bool on_device() const = 0;
+  /// This rank's state for a checkpoint (local).
+  virtual plan_snapshot snapshot() const = 0;
+  /// Takes over a snapshot of a plan of the same layout, settings and element type
+  /// (local: every rank restores its own before the next call). Throws cgx::error
+  /// (invalid_argument) for one that does not fit, before changing anything.
+  virtual void restore(const plan_snapshot& s) = 0;
 };
 
 /// What a channel's wait found (channel::wait).

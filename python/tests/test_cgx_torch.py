@@ -19,6 +19,7 @@ failed one.
 import datetime
 import hashlib
 import os
+import pickle
 import sys
 import time
 import traceback
@@ -358,6 +359,67 @@ def hook_half_precision_buckets():
         assert q.grad.dtype == torch.bfloat16 and same_everywhere(q.grad)
         want = exact_sum(r.grad.float()) / p
         assert (q.grad.float() - want).abs().max() <= 0.02 * want.abs().max() + 1e-2
+
+
+@test
+def checkpoint_resumes_with_the_same_bits():
+    """A hook state saved after 3 reductions of a bucket (pickled, as torch.save does,
+    and through state_dict) and restored into a fresh state reduces the next 3 with the
+    bits of the uninterrupted state: stochastic rounding with adaptive bits (the call
+    counter keys the random bits; the statistics decide the widths) and 2-bit error
+    feedback (the residuals). A fresh state without the checkpoint does not. Under DDP
+    the saved bucket's state is taken up when DDP's rebuilt layout recurs (the second
+    step after a restart: DDP's first step lays its buckets out in parameter order)."""
+    layers = [(0, 3000, False), (3000, 40, True), (3040, 5000, False), (8040, 2000, False)]
+    g = torch.Generator().manual_seed(500 + rank)
+    xs = [torch.randn(10040, generator=g) * (1 + torch.arange(10040) / 5000) for _ in range(6)]
+
+    def reduce(state, batch):
+        return [state.reduce(0, x.clone(), layers) for x in batch]
+
+    configs = [dict(bits=4, adaptive=cgx_torch.AdaptiveOptions(interval=2), min_compressed=256, overlap=False),
+               dict(bits=2, error_feedback=True, min_compressed=256, overlap=False)]
+    for cfg in configs:
+        a = cgx_torch.CGXState(**cfg)
+        reduce(a, xs[:3])
+        blob = pickle.dumps(a)
+        sd = a.state_dict()
+        want = reduce(a, xs[3:])
+        loaded = cgx_torch.CGXState(**cfg)
+        loaded.load_state_dict(sd)
+        for restored in (pickle.loads(blob), loaded):
+            got = reduce(restored, xs[3:])
+            for w, r in zip(want, got):
+                assert torch.equal(w, r), (cfg, (w - r).abs().max())
+            assert restored.calls == a.calls and restored.layer_bits() == a.layer_bits()
+            restored.free()
+        fresh = reduce(cgx_torch.CGXState(**cfg), xs[3:])
+        assert any(not torch.equal(w, r) for w, r in zip(want, fresh)), cfg
+        a.free()
+    # DDP: the saved state of the rebuilt buckets is taken up in the second step after a restart
+    torch.manual_seed(4)
+    net = nn.Sequential(nn.Linear(48, 64), nn.ReLU(), nn.Linear(64, 40), nn.LayerNorm(40), nn.Linear(40, 2000))
+    x = torch.randn(16, 48, generator=g)
+    saved = None
+    for step in range(2):
+        m = DDP(net)
+        st = cgx_torch.CGXState(bits=4, min_compressed=256) if saved is None else pickle.loads(saved)
+        m.register_comm_hook(st, cgx_torch.cgx_hook)
+        for _ in range(3):
+            m.zero_grad()
+            m(x).square().mean().backward()
+        if saved is None:
+            calls = {i: p_.calls for i, (_, p_) in st.plans.items()}
+            saved = pickle.dumps(st)
+        else:
+            assert not st._pending and {i: p_.calls for i, (_, p_) in st.plans.items()} == \
+                {i: c + 2 for i, c in calls.items()}, (calls, st.plans)
+        st.free()
+    # a state_dict of other settings is refused, the state unchanged
+    b = cgx_torch.CGXState(bits=8)
+    raises(ValueError, lambda: b.load_state_dict(sd), "settings")
+    raises(ValueError, lambda: b.load_state_dict({"version": 0}), "state_dict")
+    assert b.calls == 0
 
 
 @test
