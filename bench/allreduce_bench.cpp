@@ -52,6 +52,16 @@
 // ranks; a row reports the median over iterations. cgx and MPI_Allreduce (default and
 // ring) run in every iteration, in an order that rotates from one iteration to the
 // next, so that all see the same machine noise and none is favoured by its position.
+// Roofline (docs/benchmarks.md, "Roofline"): every sra and ring row also reports its floor
+// on this host and link. floor(us): the bytes a rank must move through memory per call,
+// 2 n sizeof(T) (its input read once, its output written once) plus 4 (p-1)/p w (the w
+// compressed bytes of the whole buffer: what it sends, written once by its compressor
+// and what it receives, read once by its decompressor, 2 (p-1)/p w each), at the copy
+// bandwidth measured at the start of the run (a memcpy of 64 MiB on every rank at once,
+// read + written bytes per second, the slowest rank's median of 7). wire(us): the bytes
+// of all ranks, 2 (p-1) w, over the link's rate when the link's name carries one
+// (tcp-1gbit, tcp-10gbit, ...: bench/netns-run's loopback, which all ranks share); "-"
+// otherwise. x_roof: time / max(floor, wire).
 // --passes P runs the whole sweep P times (each row's -w warm-up then -n iterations in
 // every pass) and reports each row's median over all P x n iterations, printed in the
 // last pass: a row's samples then span the whole run, so that a slow spell of a shared
@@ -302,6 +312,54 @@ std::size_t wire_bytes(int bits, int bucket, std::size_t n) {
       return cgx::quant::maxmin<decltype(b)::value, static_cast<std::size_t>(decltype(k)::value)>::template compressed_bytes<T>(n);
     });
   });
+}
+
+// The link's rate in bits per second from its name ("tcp-10gbit", "tcp-500mbit", as
+// bench/netns-run names them); 0 when the name carries none (unlimited, shm, none).
+double link_rate_bps(const std::string& link) {
+  const std::size_t at = link.find_first_of("0123456789");
+  if (at == std::string::npos) return 0;
+  char* end = nullptr;
+  const double v = std::strtod(link.c_str() + at, &end);
+  const std::string unit(end);
+  if (unit == "gbit") return v * 1e9;
+  if (unit == "mbit") return v * 1e6;
+  if (unit == "kbit") return v * 1e3;
+  return 0;
+}
+
+// The host's copy bandwidth as the ranks see it while all of them copy at once: bytes
+// read plus written per second by a memcpy of `bytes`, the slowest rank's median of 7
+// (after one untimed copy). Collective over MPI_COMM_WORLD.
+double copy_bandwidth(std::size_t bytes) {
+  std::vector<unsigned char> src(bytes, 1), dst(bytes, 0);
+  std::memcpy(dst.data(), src.data(), bytes);
+  std::vector<double> t;
+  for (int i = 0; i < 7; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    std::memcpy(dst.data(), src.data(), bytes);
+    t.push_back(MPI_Wtime() - t0);
+    src[static_cast<std::size_t>(i)] = dst[bytes - 1 - static_cast<std::size_t>(i)];  // keep the copies live
+  }
+  std::nth_element(t.begin(), t.begin() + 3, t.end());
+  double bw = 2.0 * static_cast<double>(bytes) / t[3];
+  MPI_Allreduce(MPI_IN_PLACE, &bw, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  return bw;
+}
+
+// A row's floor (see the file comment): {memory floor, wire time (0: link rate unknown)} in seconds.
+struct floors {
+  double mem_bytes = 0, mem_s = 0, wire_s = 0;
+  double roof() const { return std::max(mem_s, wire_s); }
+};
+floors row_floors(std::size_t n, std::size_t value_bytes, std::size_t w, int p, double copy_bps, double link_bps) {
+  floors f;
+  const double wb = static_cast<double>(w), pp = static_cast<double>(p);
+  f.mem_bytes = 2.0 * static_cast<double>(n * value_bytes) + (p > 1 ? 4.0 * (pp - 1) / pp * wb : 0.0);
+  f.mem_s = f.mem_bytes / copy_bps;
+  if (link_bps > 0) f.wire_s = 2.0 * (pp - 1) * wb * 8.0 / link_bps;
+  return f;
 }
 
 // Open MPI control variables through MPI_T: reads (and optionally writes) an int cvar by
@@ -578,6 +636,8 @@ int run(const options& o, int rank, int p) {
     std::fprintf(js, "[\n");
   }
   bool first_record = true;
+  const bool roofline = o.reducer == "sra" || o.reducer == "ring";
+  const double copy_bps = copy_bandwidth(std::size_t{64} << 20), link_bps = link_rate_bps(o.link);
   if (rank == 0) {
     std::printf("# allreduce_bench: %d ranks, dtype %s, reducer %s, transport %s, bucket %d, rounding %s, link %s\n", p,
                 o.dtype.c_str(), o.reducer.c_str(), o.transport.c_str(), o.bucket, o.rounding.c_str(), o.link.c_str());
@@ -592,13 +652,20 @@ int run(const options& o, int rank, int p) {
                   "ranks; MPI_Allreduce timed in the same loop\n", o.passes, o.iters, o.warmup);
     std::printf("# mpi: the better of Open MPI's default allreduce (def) and its ring (ring: %s); speedup = mpi / time\n",
                 ring_comm != MPI_COMM_NULL ? "timed" : "not available, see the file comment");
+    std::printf("# roofline: copy bandwidth %.2f GB/s per rank (read + written, all %d ranks copying 64 MiB at once, "
+                "measured now); link %s%s; floor = 2 n sizeof(T) + 4 (p-1)/p w bytes at that bandwidth, wire = "
+                "2 (p-1) w over the link%s\n",
+                copy_bps / 1e9, p, o.link.c_str(),
+                link_bps > 0 ? (" at " + std::to_string(link_bps / 1e9).substr(0, 5) + " Gbit/s, shared by the ranks").c_str()
+                             : " (rate unknown: no wire column)",
+                roofline ? "" : " (sra and ring rows only)");
     std::printf("# cgx hands calls under %zu bytes to MPI_Allreduce (native_below_bytes%s)\n",
                 plans.empty() ? o.native_below : plans[0].native_below,
                 o.native_below == cgx::auto_threshold ? ", picked by the plan" : "");
     if (!o.eb_only)
-      std::printf("%12s %11s %6s %7s %4s %6s | %10s %8s %8s | %10s %10s %10s %8s | %7s %10s %10s\n", "size(B)",
-                  "count", "type", "reducer", "bits", "bucket", "time(us)", "algbw", "busbw", "def(us)", "ring(us)",
-                  "mpi(us)", "speedup", "ratio", "max_abs", "rel_l2");
+      std::printf("%12s %11s %6s %7s %4s %6s | %10s %8s %8s | %10s %10s %10s %8s | %7s %10s %10s | %9s %9s %7s\n",
+                  "size(B)", "count", "type", "reducer", "bits", "bucket", "time(us)", "algbw", "busbw", "def(us)",
+                  "ring(us)", "mpi(us)", "speedup", "ratio", "max_abs", "rel_l2", "floor(us)", "wire(us)", "x_roof");
   }
   std::vector<std::size_t> counts;
   if (!o.eb_only) {
@@ -655,16 +722,30 @@ int run(const options& o, int rank, int p) {
           const double tb = ring_better ? tring : tdef;
           const double bytes = static_cast<double>(n * sizeof(T));
           const double algbw = bytes / t / 1e9, busbw = algbw * 2.0 * (p - 1) / p;
-          const double ratio = bytes / static_cast<double>(std::max<std::size_t>(1, wire_bytes<T>(o.bits[k], o.bucket, n)));
+          const std::size_t w = wire_bytes<T>(o.bits[k], o.bucket, n);
+          const double ratio = bytes / static_cast<double>(std::max<std::size_t>(1, w));
+          const floors f = row_floors(n, sizeof(T), w, p, copy_bps, link_bps);
+          char floor_us[32] = "-", wire_us[32] = "-", x_roof[32] = "-", wire_js[32] = "null", roof_js[96] = "";
+          if (roofline) {
+            std::snprintf(floor_us, sizeof floor_us, "%.1f", f.mem_s * 1e6);
+            std::snprintf(x_roof, sizeof x_roof, "%.2fx", t / f.roof());
+            if (f.wire_s > 0) {
+              std::snprintf(wire_us, sizeof wire_us, "%.1f", f.wire_s * 1e6);
+              std::snprintf(wire_js, sizeof wire_js, "%.6e", f.wire_s);
+            }
+            std::snprintf(roof_js, sizeof roof_js, ", \"mem_bytes\": %.0f, \"mem_floor_s\": %.6e, \"x_roof\": %.4f",
+                          f.mem_bytes, f.mem_s, t / f.roof());
+          }
           std::fprintf(stderr, "\r");
           char ring_us[32] = "-", ring_s[32] = "null";
           if (ring_comm != MPI_COMM_NULL) {
             std::snprintf(ring_us, sizeof ring_us, "%.1f", tring * 1e6);
             std::snprintf(ring_s, sizeof ring_s, "%.6e", tring);
           }
-          std::printf("%12zu %11zu %6s %7s %4d %6d | %10.1f %8.3f %8.3f | %10.1f %10s %10.1f %7.2fx | %6.2fx %10.3e %10.3e\n",
+          std::printf("%12zu %11zu %6s %7s %4d %6d | %10.1f %8.3f %8.3f | %10.1f %10s %10.1f %7.2fx | %6.2fx %10.3e %10.3e "
+                      "| %9s %9s %7s\n",
                       n * sizeof(T), n, o.dtype.c_str(), o.reducer.c_str(), o.bits[k], o.bucket, t * 1e6, algbw, busbw,
-                      tdef * 1e6, ring_us, tb * 1e6, tb / t, ratio, max_abs, rel);
+                      tdef * 1e6, ring_us, tb * 1e6, tb / t, ratio, max_abs, rel, floor_us, wire_us, x_roof);
           std::fflush(stdout);
           if (js) {
             std::fprintf(js,
@@ -673,13 +754,15 @@ int run(const options& o, int rank, int p) {
                          "\"iters\": %d, \"passes\": %d, \"isa\": \"%s\", \"threads\": %d, "
                          "\"time_s\": %.6e, \"algbw_gbps\": %.5f, \"busbw_gbps\": %.5f, \"mpi_time_s\": %.6e, "
                          "\"mpi_default_time_s\": %.6e, \"mpi_ring_time_s\": %s, \"baseline\": \"%s\", "
-                         "\"speedup\": %.5f, \"ratio\": %.4f, \"max_abs_err\": %.6e, \"rel_l2\": %.6e}",
+                         "\"speedup\": %.5f, \"ratio\": %.4f, \"max_abs_err\": %.6e, \"rel_l2\": %.6e, "
+                         "\"copy_bw_gbps\": %.4f, \"wire_s\": %s%s}",
                          first_record ? "" : ",\n", n * sizeof(T), n, o.dtype.c_str(), p, o.reducer.c_str(),
                          o.transport.c_str(), o.bits[k], o.bucket, o.rounding.c_str(), o.link.c_str(), o.iters, o.passes,
                          cgx::quant::to_string(cgx::quant::active_host_isa()), o.threads, t,
                          algbw, busbw,
                          tb, tdef, ring_s,
-                         ring_better ? "ring" : "default", tb / t, ratio, max_abs, rel);
+                         ring_better ? "ring" : "default", tb / t, ratio, max_abs, rel, copy_bps / 1e9,
+                         roofline ? wire_js : "null", roof_js);
             first_record = false;
           }
         }

@@ -1,11 +1,12 @@
 # cmake -DBENCH=... -DMPIEXEC=... -DEXTRA=... -DJSON=... -P check_bench_passes.cmake
 # allreduce_bench --passes 2 over 2 sizes x 2 widths on 2 ranks: the table has each of
 # the 4 rows once (printed in the last pass), its header says how the median was taken,
-# and the JSON holds 4 records that carry iters 2 and passes 2.
+# and the JSON holds 4 records that carry iters 2 and passes 2; with --link tcp-1gbit every
+# row has its roofline (floor, wire, x_roof) and every record the same in JSON.
 separate_arguments(extra UNIX_COMMAND "${EXTRA}")
 file(REMOVE "${JSON}")
 execute_process(COMMAND ${MPIEXEC} -n 2 ${extra} ${BENCH} -b 64K -e 128K -f 2 -n 2 -w 1 --passes 2 --bits 4,32
-                        --native-below 0 --json ${JSON}
+                        --native-below 0 --link tcp-1gbit --json ${JSON}
                 OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "allreduce_bench failed (${rc}):\n${out}\n${err}")
@@ -26,4 +27,15 @@ list(LENGTH all nall)
 if(NOT nrecs EQUAL 4 OR NOT nall EQUAL 4)
   message(FATAL_ERROR "expected 4 JSON records with iters 2 and passes 2, found ${nrecs} of ${nall}:\n${js}")
 endif()
-message(STATUS "allreduce_bench --passes 2: 4 rows, 4 records")
+if(NOT out MATCHES "# roofline: copy bandwidth [0-9.]+ GB/s per rank" OR NOT out MATCHES "at 1.000 Gbit/s, shared")
+  message(FATAL_ERROR "header does not give the roofline's bandwidth and link:\n${out}")
+endif()
+string(REGEX MATCHALL " +(65536|131072) +[0-9]+ +float +sra +(4|32) [^\n]+\\| +[0-9]+\\.[0-9] +[0-9]+\\.[0-9] +[0-9]+\\.[0-9]+x\n"
+       roof "${out}")
+list(LENGTH roof nroof)
+string(REGEX MATCHALL "\"copy_bw_gbps\": [0-9.]+, \"wire_s\": [0-9.e+-]+, \"mem_bytes\": [0-9]+, \"mem_floor_s\": [0-9.e+-]+, \"x_roof\": [0-9.]+}" jroof "${js}")
+list(LENGTH jroof njroof)
+if(NOT nroof EQUAL 4 OR NOT njroof EQUAL 4)
+  message(FATAL_ERROR "expected the roofline (floor, wire, x_roof) in 4 rows and 4 records, found ${nroof} and ${njroof}:\n${out}\n${js}")
+endif()
+message(STATUS "allreduce_bench --passes 2: 4 rows, 4 records, each with its roofline")
