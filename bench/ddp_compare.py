@@ -20,6 +20,7 @@ Under bench/netns-run (NP 0: the command starts its own ranks) gloo's traffic, a
 every configuration's, crosses the one rate-limited loopback (GLOO_SOCKET_IFNAME=lo).
 """
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -84,6 +85,8 @@ def main():
     ap.add_argument("--configs", default="gloo,fp16,powersgd,cgx4,adaptive")
     ap.add_argument("--json", help="write the results here (rank 0)")
     args = ap.parse_args()
+    if args.steps <= args.warmup:
+        ap.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}): no step would be timed")
 
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -137,6 +140,10 @@ def main():
                 json.dump({"ranks": p, "link": link, "dims": dims, "parameters": n_params, "batch": args.batch,
                            "steps": args.steps, "warmup": args.warmup, "torch": torch.__version__,
                            "date": time.strftime("%Y-%m-%d"), "results": results}, f, indent=1)
+    # (as in examples/python/train_ddp.py: DDP models in reference cycles keep the group,
+    # and gloo's threads, alive into Python's shutdown unless collected first)
+    cgx_torch.free_plans()
+    gc.collect()
     dist.destroy_process_group()
 
 

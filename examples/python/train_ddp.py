@@ -18,6 +18,7 @@ under mpirun over MPI.COMM_WORLD, DDP's gloo group being set up from it (MASTER_
 127.0.0.1, a free port picked by rank 0).
 """
 import argparse
+import gc
 import hashlib
 import os
 import sys
@@ -194,8 +195,12 @@ def main():
             print(f"check: cgx 4-bit within 1 pp of fp32 accuracy ({a4:.2f}% vs {a32:.2f}%): "
                   f"{'ok' if within else 'FAILED'}")
     ok = comm.bcast(ok)
-    dist.destroy_process_group()
+    # DDP models hold the group in reference cycles: collect them (and drop cgx's references)
+    # so that destroy_process_group releases the group and joins gloo's threads now; a gloo
+    # thread still alive when Python shuts down can abort the process (torch 2.x).
     cgx_torch.free_plans()
+    gc.collect()
+    dist.destroy_process_group()
     if not ok and not args.no_check:
         sys.exit(1)
 

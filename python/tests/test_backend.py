@@ -11,6 +11,7 @@ settings (CGX_COMPRESSION_QUANTIZATION_BITS ...) and configure(); settings that 
 between ranks raise on every rank; DDP over the backend trains with identical parameters
 on every rank. Prints one line per test on rank 0; exit status 1 when one failed.
 """
+import gc
 import hashlib
 import os
 import sys
@@ -210,6 +211,10 @@ def main():
     if rank == 0:
         print(f"cgx backend tests: {len(tests) - failed} passed, {failed} failed ({p} ranks, torch {torch.__version__})",
               flush=True)
+    # DDP models hold the group in reference cycles: collect them (and drop cgx's references)
+    # so that destroy_process_group releases the group and joins gloo's threads now; a gloo
+    # thread still alive when Python shuts down can abort the process (torch 2.x).
+    gc.collect()
     dist.destroy_process_group()
     sys.exit(1 if failed else 0)
 

@@ -17,6 +17,7 @@ nor the process loaded MPI. Prints one line per test on rank 0 and exits 1 when 
 failed one.
 """
 import datetime
+import gc
 import hashlib
 import os
 import pickle
@@ -522,8 +523,12 @@ def main():
               f"{'torchrun: torch.distributed group' if TORCHRUN else 'mpirun: MPI'})", flush=True)
     if TORCHRUN and p > 2 and not failed:
         rank_that_leaves()  # exits
-    dist.destroy_process_group()
+    # DDP models hold the group in reference cycles: collect them (and drop cgx's references)
+    # so that destroy_process_group releases the group and joins gloo's threads now; a gloo
+    # thread still alive when Python shuts down can abort the process (torch 2.x).
     cgx_torch.free_plans()
+    gc.collect()
+    dist.destroy_process_group()
     sys.exit(1 if failed else 0)
 
 
