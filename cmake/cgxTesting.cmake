@@ -41,6 +41,21 @@ if(CGX_MPIEXEC_IS_OPENMPI)
   endif()
 endif()
 
+# CGX_TEST_MPI_SCALAR: the MPI tests built with the scalar host kernels alone
+# (CGX_NO_HOST_SIMD, in every translation unit of each test program), a third less
+# compile time, for builds that test the schedules, transports and failure paths with
+# another MPI or under the sanitizers (scripts/test's stages 3 and 5). The SIMD kernels
+# write the scalar ones' bytes (test_host_isa), and the main build runs the MPI tests
+# with them.
+option(CGX_TEST_MPI_SCALAR "Build the MPI tests with the scalar host kernels only (CGX_NO_HOST_SIMD)" OFF)
+
+# cgx_mpi_test_options(TARGET): what every MPI test program gets (CGX_TEST_MPI_SCALAR).
+function(cgx_mpi_test_options target)
+  if(CGX_TEST_MPI_SCALAR)
+    target_compile_definitions(${target} PRIVATE CGX_NO_HOST_SIMD)
+  endif()
+endfunction()
+
 function(cgx_add_mpi_test name)
   cmake_parse_arguments(ARG "" "MAIN" "SOURCES;RANKS;LABELS" ${ARGN})
   if(NOT ARG_RANKS)
@@ -51,6 +66,7 @@ function(cgx_add_mpi_test name)
   endif()
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE cgx::cgx ${ARG_MAIN} cgx_project_options)
+  cgx_mpi_test_options(${name})
   foreach(np IN LISTS ARG_RANKS)
     add_test(NAME ${name}.np${np}
              COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${CGX_MPIEXEC_EXTRA} ${MPIEXEC_PREFLAGS}

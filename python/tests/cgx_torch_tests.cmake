@@ -46,7 +46,8 @@ message(STATUS "cgx: cgx_torch's tests use ${_cgx_py} (${_mpi})")
 
 set(_cgx_torch_dir ${CMAKE_CURRENT_BINARY_DIR}/cgx_torch)
 add_test(NAME cgx_torch.build
-         COMMAND "${_cgx_py}" ${PROJECT_SOURCE_DIR}/python/setup.py -q build --build-base ${_cgx_torch_dir}/setup
+         COMMAND ${CMAKE_COMMAND} -E env MAX_JOBS=2
+                 "${_cgx_py}" ${PROJECT_SOURCE_DIR}/python/setup.py -q build --build-base ${_cgx_torch_dir}/setup
                  --build-lib ${_cgx_torch_dir}/lib)
 set_tests_properties(cgx_torch.build PROPERTIES FIXTURES_SETUP cgx_torch LABELS "python" PROCESSORS 2 TIMEOUT 3600
                      ENVIRONMENT "CGX_INCLUDE_DIR=${PROJECT_SOURCE_DIR}/include")
