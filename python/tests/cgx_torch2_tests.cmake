@@ -7,9 +7,11 @@
 #   cgx_torch2.torchrun3      python/tests/test_cgx_torch.py under torchrun, 3 ranks, over
 #                             the gloo group; CGX_TEST_NO_MPI=1: no MPI library in the
 #                             extension or the processes
-#   cgx_backend.torchrun3     python/tests/test_backend.py: dist.init_process_group("cgx")
+#   cgx_backend.torchrun2..4  python/tests/test_backend.py: dist.init_process_group("cgx")
 #   train_ddp2.torchrun4      examples/python/train_ddp.py under torchrun, 4 ranks: cgx 4-bit
 #                             within 1 point of fp32, identical parameters
+#   (cgx_torch2.torchrun3 and train_ddp2.torchrun4 run under without_mpi.sh: Open MPI and
+#   MPICH hidden, as on a machine without MPI)
 #   cgx_torch2.build_cuda     where nvcc is: the CUDA build against PyPI's CUDA torch (device
 #                             plans for sm_90, host code at -O0: compiled, not run), imported
 #                             on this GPU-less machine; build_info must say "device plans:
@@ -29,16 +31,21 @@ set_tests_properties(cgx_torch2.build PROPERTIES FIXTURES_SETUP cgx_torch2 LABEL
 
 set(_t2_env PYTHONPATH=${_t2}/lib PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo)
 set(_t2_run "${CGX_TORCH2_PYTHON}" -m torch.distributed.run --standalone)
+# without_mpi.sh: as on a machine without MPI (as root: Open MPI and MPICH hidden in a
+# private mount namespace; the test output's first line says whether they were).
+set(_t2_no_mpi ${PROJECT_SOURCE_DIR}/python/tests/without_mpi.sh)
 add_test(NAME cgx_torch2.torchrun3
-         COMMAND ${_t2_run} --nproc-per-node 3 ${PROJECT_SOURCE_DIR}/python/tests/test_cgx_torch.py)
+         COMMAND ${_t2_no_mpi} ${_t2_run} --nproc-per-node 3 ${PROJECT_SOURCE_DIR}/python/tests/test_cgx_torch.py)
 set_tests_properties(cgx_torch2.torchrun3 PROPERTIES FIXTURES_REQUIRED cgx_torch2 LABELS "python;torch2" PROCESSORS 3
                      ENVIRONMENT "${_t2_env};CGX_TEST_NO_MPI=1" TIMEOUT 600)
-add_test(NAME cgx_backend.torchrun3
-         COMMAND ${_t2_run} --nproc-per-node 3 ${PROJECT_SOURCE_DIR}/python/tests/test_backend.py)
-set_tests_properties(cgx_backend.torchrun3 PROPERTIES FIXTURES_REQUIRED cgx_torch2 LABELS "python;torch2"
-                     PROCESSORS 3 ENVIRONMENT "${_t2_env}" TIMEOUT 600)
+foreach(np 2 3 4)
+  add_test(NAME cgx_backend.torchrun${np}
+           COMMAND ${_t2_run} --nproc-per-node ${np} ${PROJECT_SOURCE_DIR}/python/tests/test_backend.py)
+  set_tests_properties(cgx_backend.torchrun${np} PROPERTIES FIXTURES_REQUIRED cgx_torch2 LABELS "python;torch2"
+                       PROCESSORS ${np} ENVIRONMENT "${_t2_env}" TIMEOUT 600)
+endforeach()
 add_test(NAME train_ddp2.torchrun4
-         COMMAND ${_t2_run} --nproc-per-node 4 ${PROJECT_SOURCE_DIR}/examples/python/train_ddp.py)
+         COMMAND ${_t2_no_mpi} ${_t2_run} --nproc-per-node 4 ${PROJECT_SOURCE_DIR}/examples/python/train_ddp.py)
 set_tests_properties(train_ddp2.torchrun4 PROPERTIES FIXTURES_REQUIRED cgx_torch2
                      LABELS "python;torch2;example;training" PROCESSORS 4 ENVIRONMENT "${_t2_env}" TIMEOUT 900
                      FAIL_REGULAR_EXPRESSION "FAILED")
