@@ -314,54 +314,6 @@ std::size_t wire_bytes(int bits, int bucket, std::size_t n) {
   });
 }
 
-// The link's rate in bits per second from its name ("tcp-10gbit", "tcp-500mbit", as
-// bench/netns-run names them); 0 when the name carries none (unlimited, shm, none).
-double link_rate_bps(const std::string& link) {
-  const std::size_t at = link.find_first_of("0123456789");
-  if (at == std::string::npos) return 0;
-  char* end = nullptr;
-  const double v = std::strtod(link.c_str() + at, &end);
-  const std::string unit(end);
-  if (unit == "gbit") return v * 1e9;
-  if (unit == "mbit") return v * 1e6;
-  if (unit == "kbit") return v * 1e3;
-  return 0;
-}
-
-// The host's copy bandwidth as the ranks see it while all of them copy at once: bytes
-// read plus written per second by a memcpy of `bytes`, the slowest rank's median of 7
-// (after one untimed copy). Collective over MPI_COMM_WORLD.
-double copy_bandwidth(std::size_t bytes) {
-  std::vector<unsigned char> src(bytes, 1), dst(bytes, 0);
-  std::memcpy(dst.data(), src.data(), bytes);
-  std::vector<double> t;
-  for (int i = 0; i < 7; ++i) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double t0 = MPI_Wtime();
-    std::memcpy(dst.data(), src.data(), bytes);
-    t.push_back(MPI_Wtime() - t0);
-    src[static_cast<std::size_t>(i)] = dst[bytes - 1 - static_cast<std::size_t>(i)];  // keep the copies live
-  }
-  std::nth_element(t.begin(), t.begin() + 3, t.end());
-  double bw = 2.0 * static_cast<double>(bytes) / t[3];
-  MPI_Allreduce(MPI_IN_PLACE, &bw, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
-  return bw;
-}
-
-// A row's floor (see the file comment): {memory floor, wire time (0: link rate unknown)} in seconds.
-struct floors {
-  double mem_bytes = 0, mem_s = 0, wire_s = 0;
-  double roof() const { return std::max(mem_s, wire_s); }
-};
-floors row_floors(std::size_t n, std::size_t value_bytes, std::size_t w, int p, double copy_bps, double link_bps) {
-  floors f;
-  const double wb = static_cast<double>(w), pp = static_cast<double>(p);
-  f.mem_bytes = 2.0 * static_cast<double>(n * value_bytes) + (p > 1 ? 4.0 * (pp - 1) / pp * wb : 0.0);
-  f.mem_s = f.mem_bytes / copy_bps;
-  if (link_bps > 0) f.wire_s = 2.0 * (pp - 1) * wb * 8.0 / link_bps;
-  return f;
-}
-
 // Open MPI control variables through MPI_T: reads (and optionally writes) an int cvar by
 // name. Returns false when the MPI library has no such variable.
 bool cvar_int(const char* name, int* read, const int* write) {
@@ -637,7 +589,10 @@ int run(const options& o, int rank, int p) {
   }
   bool first_record = true;
   const bool roofline = o.reducer == "sra" || o.reducer == "ring";
-  const double copy_bps = copy_bandwidth(std::size_t{64} << 20), link_bps = link_rate_bps(o.link);
+  // The copy bandwidth every rank sees while all copy at once; the slowest rank's.
+  double copy_bps = cgx::model::copy_bandwidth(std::size_t{64} << 20, [] { MPI_Barrier(MPI_COMM_WORLD); });
+  MPI_Allreduce(MPI_IN_PLACE, &copy_bps, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  const double link_bps = cgx::model::link_rate_bps(o.link);
   if (rank == 0) {
     std::printf("# allreduce_bench: %d ranks, dtype %s, reducer %s, transport %s, bucket %d, rounding %s, link %s\n", p,
                 o.dtype.c_str(), o.reducer.c_str(), o.transport.c_str(), o.bucket, o.rounding.c_str(), o.link.c_str());
@@ -724,17 +679,17 @@ int run(const options& o, int rank, int p) {
           const double algbw = bytes / t / 1e9, busbw = algbw * 2.0 * (p - 1) / p;
           const std::size_t w = wire_bytes<T>(o.bits[k], o.bucket, n);
           const double ratio = bytes / static_cast<double>(std::max<std::size_t>(1, w));
-          const floors f = row_floors(n, sizeof(T), w, p, copy_bps, link_bps);
+          const cgx::model::roofline f = cgx::model::allreduce_roofline(n, sizeof(T), w, p, copy_bps, link_bps);
           char floor_us[32] = "-", wire_us[32] = "-", x_roof[32] = "-", wire_js[32] = "null", roof_js[96] = "";
           if (roofline) {
             std::snprintf(floor_us, sizeof floor_us, "%.1f", f.mem_s * 1e6);
-            std::snprintf(x_roof, sizeof x_roof, "%.2fx", t / f.roof());
+            std::snprintf(x_roof, sizeof x_roof, "%.2fx", t / f.bound_s());
             if (f.wire_s > 0) {
               std::snprintf(wire_us, sizeof wire_us, "%.1f", f.wire_s * 1e6);
               std::snprintf(wire_js, sizeof wire_js, "%.6e", f.wire_s);
             }
             std::snprintf(roof_js, sizeof roof_js, ", \"mem_bytes\": %.0f, \"mem_floor_s\": %.6e, \"x_roof\": %.4f",
-                          f.mem_bytes, f.mem_s, t / f.roof());
+                          f.mem_bytes, f.mem_s, t / f.bound_s());
           }
           std::fprintf(stderr, "\r");
           char ring_us[32] = "-", ring_s[32] = "null";

@@ -6,8 +6,13 @@
 // buffer (below 16 MiB when all ranks share one node, 64 KiB otherwise) to
 // MPI_Allreduce and the rows would compare MPI_Allreduce with itself.
 //
+// Each cgx row also gives its roofline (cgx/model.hpp, docs/benchmarks.md): the memory
+// floor at the copy bandwidth measured at the start of the run, the wire time when
+// $CGX_LINK names a rate (bench/netns-run sets it), and time / the larger (x_roof).
+//
 //   mpirun -np 4 ./demo [--mib 64] [--iters 5] [--warmup 1] [--json out.json]
 #include <cgx/cgx.hpp>
+#include <cgx/model.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -103,6 +108,13 @@ int main(int argc, char** argv) {
   std::vector<double> exact(input.begin(), input.end());
   MPI_Allreduce(MPI_IN_PLACE, exact.data(), static_cast<int>(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
 
+  // The copy bandwidth every rank sees while all copy at once (the slowest rank's), and
+  // the link's rate when bench/netns-run names it: the roofline of the cgx rows.
+  double copy_bps = cgx::model::copy_bandwidth(std::size_t{64} << 20, [] { MPI_Barrier(MPI_COMM_WORLD); });
+  MPI_Allreduce(MPI_IN_PLACE, &copy_bps, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  const char* link = std::getenv("CGX_LINK");
+  const double link_bps = cgx::model::link_rate_bps(link ? link : "");
+
   {
     using none = cgx::quant::none;
     using Q8 = cgx::quant::maxmin<8, 1024, cgx::quant::stochastic>;
@@ -163,10 +175,14 @@ int main(int argc, char** argv) {
       std::printf("# cgx rows always run the compressed schedule (plan_options::native_below_bytes = 0), at "
                   "every size; host kernels: %s (picked at run time from this CPU)\n",
                   cgx::quant::to_string(cgx::quant::active_host_isa()));
-      std::printf("%-14s %12s %10s %5s | %10s %9s %9s | %8s %5s %7s | %11s %11s\n", "method", "size(B)", "count",
-                  "type", "time(ms)", "algbw", "busbw", "speedup", "bits", "ratio", "max_abs_err", "rel_l2");
-      std::printf("%-14s %12s %10s %5s | %10s %9s %9s | %8s %5s %7s | %11s %11s\n", "", "", "", "", "", "(GB/s)",
-                  "(GB/s)", "vs MPI", "", "", "", "");
+      std::printf("# roofline of the cgx rows: copy bandwidth %.2f GB/s per rank (read + written, all ranks at "
+                  "once, measured now); link %s\n",
+                  copy_bps / 1e9, link_bps > 0 ? link : "rate unknown (no wire time; set CGX_LINK, e.g. tcp-10gbit)");
+      std::printf("%-14s %12s %10s %5s | %10s %9s %9s | %8s %5s %7s | %11s %11s | %9s %9s %7s\n", "method", "size(B)",
+                  "count", "type", "time(ms)", "algbw", "busbw", "speedup", "bits", "ratio", "max_abs_err", "rel_l2",
+                  "floor(ms)", "wire(ms)", "x_roof");
+      std::printf("%-14s %12s %10s %5s | %10s %9s %9s | %8s %5s %7s | %11s %11s | %9s %9s %7s\n", "", "", "", "", "",
+                  "(GB/s)", "(GB/s)", "vs MPI", "", "", "", "", "", "", "");
       FILE* js = o.json.empty() ? nullptr : std::fopen(o.json.c_str(), "w");
       if (js) std::fprintf(js, "[\n");
       for (std::size_t k = 0; k < rows.size(); ++k) {
@@ -179,17 +195,29 @@ int main(int argc, char** argv) {
         if (r.bits == 4) wire = Q4::compressed_bytes<float>(n);
         if (r.bits == 2) wire = cgx::quant::maxmin<2, 1024>::compressed_bytes<float>(n);
         r.ratio = bytes / static_cast<double>(wire);
-        std::printf("%-14s %12.0f %10zu %5s | %10.2f %9.2f %9.2f | %7.2fx %5d %6.2fx | %11.3e %11.3e\n",
+        const bool cgx_row = k > 0;  // row 0 is MPI_Allreduce itself
+        const cgx::model::roofline f = cgx::model::allreduce_roofline(n, sizeof(float), wire, p, copy_bps, link_bps);
+        char fl[32] = "-", wi[32] = "-", xr[32] = "-", roof_js[160] = "";
+        if (cgx_row) {
+          std::snprintf(fl, sizeof fl, "%.2f", f.mem_s * 1e3);
+          if (f.wire_s > 0) std::snprintf(wi, sizeof wi, "%.2f", f.wire_s * 1e3);
+          std::snprintf(xr, sizeof xr, "%.2fx", t / f.bound_s());
+          char wire_js[32] = "null";
+          if (f.wire_s > 0) std::snprintf(wire_js, sizeof wire_js, "%.6e", f.wire_s);
+          std::snprintf(roof_js, sizeof roof_js, ", \"copy_bw_gbps\": %.4f, \"mem_floor_s\": %.6e, \"wire_s\": %s, "
+                        "\"x_roof\": %.4f", copy_bps / 1e9, f.mem_s, wire_js, t / f.bound_s());
+        }
+        std::printf("%-14s %12.0f %10zu %5s | %10.2f %9.2f %9.2f | %7.2fx %5d %6.2fx | %11.3e %11.3e | %9s %9s %7s\n",
                     r.name.c_str(), bytes, n, "float", t * 1e3, algbw, busbw, base / t, r.bits, r.ratio, r.max_abs,
-                    r.rel_l2);
+                    r.rel_l2, fl, wi, xr);
         if (js)
           std::fprintf(js,
                        "  {\"method\": \"%s\", \"ranks\": %d, \"bytes\": %.0f, \"count\": %zu, \"type\": \"float\", "
                        "\"bits\": %d, \"bucket\": 1024, \"time_s\": %.6e, \"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f, "
                        "\"baseline_time_s\": %.6e, \"speedup\": %.4f, \"ratio\": %.4f, \"max_abs_err\": %.6e, "
-                       "\"rel_l2\": %.6e}%s\n",
+                       "\"rel_l2\": %.6e%s}%s\n",
                        r.name.c_str(), p, bytes, n, r.bits, t, algbw, busbw, base, base / t, r.ratio, r.max_abs,
-                       r.rel_l2, k + 1 < rows.size() ? "," : "");
+                       r.rel_l2, roof_js, k + 1 < rows.size() ? "," : "");
       }
       if (js) {
         std::fprintf(js, "]\n");

@@ -48,11 +48,14 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "error.hpp"
 #include "schedule/hierarchical.hpp"
@@ -373,6 +376,68 @@ inline constexpr std::array<machine, 8> profiles{{
     {"pcie-8gpu-100g", "8 GPUs per node on PCIe 4 (no NVLink), 100 Gbit/s between nodes; GPU quantizer (assumed)",
      {5e-6, 12.5e9}, {10e-6, 20e9}, true, 8, 8, 400e9, 800e9, 600e9, 800e9},
 }};
+
+/// The roofline of one SRA or ring allreduce call (docs/benchmarks.md, "Roofline"): what a
+/// rank cannot do with less, on a host and link measured or named by the caller.
+struct roofline {
+  double mem_bytes = 0;  ///< 2 n sizeof(T) + 4 (p-1)/p w: the input read once, the output
+                         ///< written once, the compressed bytes sent written once and those
+                         ///< received read once
+  double mem_s = 0;      ///< mem_bytes at the copy bandwidth
+  double wire_s = 0;     ///< 2 (p-1) w over a link all ranks share; 0 when its rate is unknown
+  /// The floor of the call: the larger of the two.
+  double bound_s() const noexcept { return std::max(mem_s, wire_s); }
+};
+
+/// The roofline of an allreduce of n values of `value_bytes` bytes whose compressed form
+/// is `wire_bytes` bytes (the whole buffer's), on p ranks, at `copy_bps` bytes read plus
+/// written per second per rank and a shared link of `link_bps` bits per second (0: unknown).
+inline roofline allreduce_roofline(std::size_t n, std::size_t value_bytes, std::size_t wire_bytes, int p,
+                                   double copy_bps, double link_bps) noexcept {
+  roofline r;
+  const double w = static_cast<double>(wire_bytes), q = static_cast<double>(p);
+  r.mem_bytes = 2.0 * static_cast<double>(n) * static_cast<double>(value_bytes) + (p > 1 ? 4.0 * (q - 1) / q * w : 0.0);
+  r.mem_s = copy_bps > 0 ? r.mem_bytes / copy_bps : 0.0;
+  if (link_bps > 0 && p > 1) r.wire_s = 2.0 * (q - 1) * w * 8.0 / link_bps;
+  return r;
+}
+
+/// This process's copy bandwidth: bytes read plus written per second by a memcpy of
+/// `bytes`, the median of 7 (after one untimed copy). `sync()` runs before each timed copy:
+/// a barrier, so that every rank of a job copies at once and the figure is what each sees
+/// when all of them move memory, as they do in a call. Allocates 2 * bytes.
+template <class Sync>
+double copy_bandwidth(std::size_t bytes, Sync&& sync) {
+  std::vector<unsigned char> src(bytes, 1), dst(bytes, 0);
+  std::memcpy(dst.data(), src.data(), bytes);
+  std::array<double, 7> t{};
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    sync();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    t[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    src[i] = dst[bytes - 1 - i];  // each copy's result is used: not optimized away
+  }
+  std::nth_element(t.begin(), t.begin() + 3, t.end());
+  return 2.0 * static_cast<double>(bytes) / t[3];
+}
+
+/// A link's rate in bits per second from its name as bench/netns-run gives it
+/// ("tcp-10gbit", "tcp-500mbit", "1gbit"): 0 when the name carries none (unlimited, shm).
+inline double link_rate_bps(std::string_view link) noexcept {
+  const std::size_t at = link.find_first_of("0123456789");
+  if (at == std::string_view::npos) return 0;
+  double v = 0, frac = 0.1;
+  std::size_t i = at;
+  for (; i < link.size() && link[i] >= '0' && link[i] <= '9'; ++i) v = 10 * v + (link[i] - '0');
+  if (i < link.size() && link[i] == '.')
+    for (++i; i < link.size() && link[i] >= '0' && link[i] <= '9'; ++i, frac /= 10) v += frac * (link[i] - '0');
+  const std::string_view unit = link.substr(i);
+  if (unit == "gbit") return v * 1e9;
+  if (unit == "mbit") return v * 1e6;
+  if (unit == "kbit") return v * 1e3;
+  return 0;
+}
 
 /// The profile named `n`; throws cgx::error(errc::invalid_argument) if there is none.
 inline const machine& profile(std::string_view n) {
