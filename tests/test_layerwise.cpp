@@ -295,6 +295,68 @@ TEST_CASE("error feedback: the mean over calls converges to the sum; reset; memo
   }
 }
 
+TEST_CASE("reduce_scatter: rank r's layer of the sum within its phase-1 bound, half the bytes; mixed calls refused") {
+  // A buffer of p equal layers, one per rank (what cgx_torch's backend builds for torch's
+  // reduce_scatter_tensor): rank r's chunk is layer r, its values the exact sum to within
+  // the others' quantization errors, u_q / 2 each (nearest rounding), not re-quantized.
+  const int r = world_rank(), p = world_size();
+  const std::size_t m = 3000, n = m * static_cast<std::size_t>(p);
+  std::vector<layer> ls;
+  for (int q = 0; q < p; ++q) ls.push_back({static_cast<std::size_t>(q) * m, m, false});
+  cgx::layerwise_plan<float, mpi, cgx::quant::nearest> plan{
+      mpi{MPI_COMM_WORLD}, n, ls, {.defaults = {.bits = 4, .bucket = 512}, .check = cgx::checking::collective}};
+  const auto pcs = plan.layout().pieces(r);
+  REQUIRE(pcs.size() == 1);
+  CHECK(pcs[0].begin == static_cast<std::size_t>(r) * m);
+  CHECK(pcs[0].count == m);
+  auto x = inputs<float>(r, n, 21);
+  plan.reduce_scatter(x.data(), n);
+  std::vector<std::vector<float>> in;
+  for (int q = 0; q < p; ++q) in.push_back(inputs<float>(q, n, 21));
+  std::size_t bad = 0;
+  const std::size_t lo = static_cast<std::size_t>(r) * m;
+  for (std::size_t b0 = 0; b0 < m; b0 += 512) {
+    const std::size_t b1 = std::min(m, b0 + 512);
+    double others = 0, mag = 0;
+    for (int q = 0; q < p; ++q) {
+      double mn = 1e300, mx = -1e300;
+      for (std::size_t i = lo + b0; i < lo + b1; ++i) {
+        mn = std::min(mn, double(in[static_cast<std::size_t>(q)][i]));
+        mx = std::max(mx, double(in[static_cast<std::size_t>(q)][i]));
+        mag = std::max(mag, std::abs(double(in[static_cast<std::size_t>(q)][i])));
+      }
+      if (q != r) others += (mx - mn) / 15.0;
+    }
+    const double bound = others / 2 + 64 * p * std::numeric_limits<float>::epsilon() * (mag * p + 1);
+    for (std::size_t i = lo + b0; i < lo + b1; ++i) {
+      double exact = 0;
+      for (int q = 0; q < p; ++q) exact += double(in[static_cast<std::size_t>(q)][i]);
+      bad += std::abs(double(x[i]) - exact) > bound;
+    }
+  }
+  CHECK(bad == 0);
+  // every rank sends its part of every other chunk once: (p - 1) times the layers' bytes in all
+  long long sent = static_cast<long long>(plan.reduce_scatter_bytes_sent());
+  MPI_Allreduce(MPI_IN_PLACE, &sent, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  std::size_t layer_bytes = 0;
+  for (const auto& st : plan.settings()) layer_bytes += cgx::setting_bytes<float>(st, m);
+  CHECK(sent == static_cast<long long>(static_cast<std::size_t>(p - 1) * layer_bytes));
+  if (p > 1)  // operator() sends the same and, in its allgather, its own chunk to every peer
+    CHECK(plan.bytes_sent() == plan.reduce_scatter_bytes_sent() + static_cast<std::size_t>(p - 1) * plan.layout().chunk_bytes(r));
+  if (p > 1) {
+    // rank 0 in operator(), the others in reduce_scatter: every rank throws, none hangs
+    cgx::layerwise_plan<float, mpi, cgx::quant::nearest> mixed{
+        mpi{MPI_COMM_WORLD}, n, ls, {.defaults = {.bits = 4, .bucket = 512}, .check = cgx::checking::collective}};
+    auto y = inputs<float>(r, n, 22);
+    const auto y0 = y;
+    if (r == 0)
+      CHECK_THROWS_AS(mixed(y.data(), n), cgx::error);
+    else
+      CHECK_THROWS_AS(mixed.reduce_scatter(y.data(), n), cgx::error);
+    CHECK(y == y0);  // refused before any data moved
+  }
+}
+
 TEST_CASE("a plan resumed from another's calls(), settings and residuals reduces with its bits") {
   // What a checkpoint carries (cgx_torch's CGXState): after 3 calls of plan a, a new
   // plan b takes a's call counter (the key of stochastic rounding's bits), settings and

@@ -229,7 +229,10 @@ class layerwise_base {
     return rng;
   }
 
-  void check(const void* buf, std::size_t n) {
+  void check(const void* buf, std::size_t n) { check(buf, n, sig_); }
+  /// The argument check of a call whose operation has signature `sig` (sig_, or sig_
+  /// mixed with an operation's tag: ranks in different operations then disagree).
+  void check(const void* buf, std::size_t n, std::int64_t sig) {
     enum : std::int64_t { null_buffer = 1, wrong_size = 2 };
     std::int64_t bad = 0;
     if (buf == nullptr && n > 0) bad |= null_buffer;
@@ -245,7 +248,7 @@ class layerwise_base {
       return;
     }
     if constexpr (requires { x_.throw_if_failed(); }) x_.throw_if_failed();  // before the collective step
-    std::array<std::int64_t, 3> v{sig_, -sig_, bad};
+    std::array<std::int64_t, 3> v{sig, -sig, bad};
     x_.max_all(v);
     if (bad != 0) throw error(errc::invalid_argument, where() + local_message());
     if (v[2] != 0)
@@ -321,6 +324,39 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
     claimed.finish();
   }
 
+  /// Compressed reduce-scatter, in place, blocking: the first phase of operator()'s
+  /// schedule alone, half its bytes. Sums buf[0..n) over all ranks and leaves this rank's
+  /// chunk of the sum (the values of layout().pieces(rank()); a buffer laid out as
+  /// size() layers of equal size, one per rank in offset order, gives rank r layer r)
+  /// in buf: this rank's own values exact plus the others' compressed with their layers'
+  /// settings (not re-quantized: within the sum of their errors, tighter than
+  /// operator()'s bound). The rest of buf is left unspecified (with error feedback it holds
+  /// the decoded values this rank sent). Collective, with the same n and settings;
+  /// errors as operator(). A rank in reduce_scatter and another in operator() for the
+  /// same call get errc::mismatch (collective checking) or a transport mismatch.
+  void reduce_scatter(T* buf, std::size_t n) {
+    const detail::call_guard claimed(this->busy_, "layerwise_plan::reduce_scatter");
+    const std::int64_t sig = this->sig_ ^ 0x5253;  // "RS"
+    this->check(buf, n, sig);
+    claimed.begin(this->x_, sig, n);
+    const quant::rng_state rng = this->next_rng();
+    const int p = this->x_.size();
+    if (p > 1 && this->layout_.size() != 0) {
+      const quant::host_exec ex{this->opts_.threads};
+      const std::size_t nrecv = scatter_add(buf, rng, ex, base::pattern(p, slot_));
+      this->x_.wait_all(std::span(reqs_.data() + nrecv, reqs_.size() - nrecv));
+    }
+    claimed.finish();
+  }
+  /// Bytes this rank sends per reduce_scatter with the current settings (0 on one rank).
+  std::size_t reduce_scatter_bytes_sent() const {
+    const int p = this->x_.size(), me = this->x_.rank();
+    std::size_t b = 0;
+    for (int r = 0; r < p; ++r)
+      if (r != me) b += this->layout_.chunk_bytes(r);
+    return b;
+  }
+
   /// Forgets the error-feedback residuals (no-op without error feedback).
   void reset_error_feedback() { ef_.reset(); }
   /// The error-feedback state; empty (size() 0) without error feedback.
@@ -389,15 +425,13 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
                  [&](T* y, std::size_t k) { c.decompress(o, k, y, ex); });
   }
 
-  void run(T* buf, const quant::rng_state& rng) {
+  /// Phase 1, scatter-reduce, one message per peer: compresses and sends this rank's part
+  /// of every other chunk, receives the others' parts of its own and adds them into buf.
+  /// Returns how many of reqs_ were receives (the sends after them are still pending).
+  std::size_t scatter_add(T* buf, const quant::rng_state& rng, quant::host_exec ex, const schedule::sra_pattern& d) {
     const int p = this->x_.size(), me = this->x_.rank();
-    if (p == 1 || this->layout_.size() == 0) return;
-    const quant::host_exec ex{this->opts_.threads};
-    const schedule::sra_pattern d = base::pattern(p, slot_);
     std::byte* ws = ws_.get();
     const std::size_t mine_bytes = this->layout_.chunk_bytes(me);
-
-    // Phase 1: scatter-reduce, one message per peer.
     reqs_.clear();
     if (mine_bytes != 0)
       for (int r = 0; r < p; ++r)
@@ -409,7 +443,6 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
       compress_chunk(buf, o, ws + d.send_slot(o), d, me, rng, ex);
       reqs_.push_back(this->x_.isend(ws + d.send_slot(o), this->layout_.chunk_bytes(o), o, base::tag_scatter));
     }
-    std::byte* sum = ws + d.send_slot(me);
     if (mine_bytes != 0) {
       for (int i = 0; i + 1 < p; ++i) {
         const int r = d.addend(me, i);
@@ -417,6 +450,22 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
         for (const auto& pc : this->layout_.pieces(me))
           this->codecs_[pc.layer].decompress_add(ws + d.recv_slot(r) + pc.offset, pc.count, buf + pc.begin, ex);
       }
+    }
+    return nrecv;
+  }
+
+  void run(T* buf, const quant::rng_state& rng) {
+    const int p = this->x_.size(), me = this->x_.rank();
+    if (p == 1 || this->layout_.size() == 0) return;
+    const quant::host_exec ex{this->opts_.threads};
+    const schedule::sra_pattern d = base::pattern(p, slot_);
+    std::byte* ws = ws_.get();
+    const std::size_t mine_bytes = this->layout_.chunk_bytes(me);
+
+    // Phase 1: scatter-reduce, one message per peer.
+    const std::size_t nrecv = scatter_add(buf, rng, ex, d);
+    std::byte* sum = ws + d.send_slot(me);
+    if (mine_bytes != 0) {
       // The sum is quantized once; the owner keeps the decoded bytes, like everyone else.
       for (const auto& pc : this->layout_.pieces(me)) {
         const auto& c = this->codecs_[pc.layer];

@@ -6,9 +6,10 @@ torch_cgx. Inside, each group has a gloo backend over the same Store, rank and s
   float32 copy) with SUM or AVG is cgx's compressed layer-wise plan, one layer, over the
   gloo backend's send/recv (cgx_torch's process group transport); CUDA tensors through a
   host copy;
-- ``reduce_scatter_tensor`` of such a tensor (SUM, AVG) is compressed as well: the same
-  plan over the whole input, this rank's shard kept (what a compressed reduce-scatter
-  sends, and the allgather phase on top of it);
+- ``reduce_scatter_tensor`` of such a tensor (SUM, AVG) is cgx's compressed reduce-scatter
+  (``layerwise_plan::reduce_scatter``: one layer per rank's shard, the first phase of the
+  allreduce alone, half its bytes): each rank's shard of the sum, its own values exact
+  and the others' compressed;
 - every other op, dtype and reduction goes to gloo unchanged and exact.
 
 Settings come from the environment, with torch_cgx's names where it has them:
@@ -138,20 +139,30 @@ if _C10dBackend is not None:
                     and t.device.type in ("cpu", "cuda") and t.is_contiguous()
                     and (op == dist.ReduceOp.SUM or op == dist.ReduceOp.AVG))  # (SUM == op is False)
 
-        def _reduce(self, t, average):
-            """Sums (or averages) t over the group in place with cgx (collective). A float16,
-            bfloat16 or CUDA tensor goes through a float32 (or float64) host buffer kept per shape."""
+        def _entry(self, t, scatter):
+            """(plan, staging buffer or None) for t, built once per shape, dtype, device and
+            operation (collective when built): one layer (allreduce) or one layer per rank's
+            shard (reduce-scatter). A float16, bfloat16 or CUDA tensor, and every
+            reduce-scatter's input, goes through a float32 (or float64) host buffer kept
+            with the plan."""
             s = self._settings
-            key = (tuple(t.shape), str(t.dtype), t.device.type)
+            key = (tuple(t.shape), str(t.dtype), t.device.type, "reduce_scatter" if scatter else "allreduce")
             entry = self._plans.get(key)
             if entry is None:
                 _core.agree(self._group, key + (s,), None)
-                staged = t.dtype in _core.STAGED_DTYPES or t.device.type != "cpu"
+                # (a reduce-scatter leaves all but its shard unspecified: always on a copy)
+                staged = scatter or t.dtype in _core.STAGED_DTYPES or t.device.type != "cpu"
                 buf = torch.empty(t.numel(), dtype=torch.float32 if t.dtype in _core.STAGED_DTYPES else t.dtype) \
                     if staged else None
-                plan = _core.new_plan(self._group, buf if staged else t, [(0, t.numel(), False)], s)
+                n, p = t.numel(), self._group.size
+                layers = [(r * (n // p), n // p, False) for r in range(p)] if scatter else [(0, n, False)]
+                plan = _core.new_plan(self._group, buf if staged else t, layers, s)
                 entry = self._plans[key] = (plan, buf)
-            plan, buf = entry
+            return entry
+
+        def _reduce(self, t, average):
+            """Sums (or averages) t over the group in place with cgx (collective)."""
+            plan, buf = self._entry(t, False)
             work = t if buf is None else buf.view(t.shape).copy_(t)
             plan.run(work)
             if average:
@@ -185,10 +196,14 @@ if _C10dBackend is not None:
             p = self._group.size
             if (self._compressible(input, op) and input.numel() == p * output.numel()
                     and output.dtype == input.dtype):
-                work = input.clone()
-                self._reduce(work, op == dist.ReduceOp.AVG)
+                plan, buf = self._entry(input, True)
+                work = buf.view(input.shape).copy_(input).view(-1)
+                plan.reduce_scatter(work)
                 m = output.numel()
-                output.view(-1).copy_(work.view(-1)[self._group.rank * m:(self._group.rank + 1) * m])
+                shard = work[self._group.rank * m:(self._group.rank + 1) * m]
+                if op == dist.ReduceOp.AVG:
+                    shard.div_(p)
+                output.view(-1).copy_(shard)
                 return _done([output])
             chunks = list(input.view(-1).chunk(p)) if input.numel() == p * output.numel() else None
             if chunks is None:

@@ -428,6 +428,17 @@ class py_plan {
     guarded([&] { p_->run(data, n, stream); });
   }
 
+  /// Reduce-scatter of t over the ranks, in place (collective; CPU tensors): this rank's
+  /// chunk of the sum is left in t.
+  void reduce_scatter(at::Tensor t) {
+    check(t);
+    if (cuda_) throw py::value_error("cgx_torch: reduce_scatter takes CPU tensors (device plans do not have it)");
+    void* data = t.data_ptr();
+    const std::size_t n = static_cast<std::size_t>(t.numel());
+    py::gil_scoped_release nogil;
+    guarded([&] { p_->reduce_scatter(data, n); });
+  }
+
   py::list settings() const {
     py::list out;
     for (const auto& [b, k] : p_->settings()) out.append(py::make_tuple(b, k));
@@ -568,6 +579,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("run", &py_plan::run, py::arg("tensor"),
            "Sums the tensor over the ranks, in place; collective. Checks it first (TypeError/ValueError); "
            "CGXError when cgx fails.")
+      .def("reduce_scatter", &py_plan::reduce_scatter, py::arg("tensor"),
+           "Reduce-scatter in place, collective, half of run()'s bytes: this rank's chunk of the sum (with one "
+           "layer per rank of equal size, layer rank) is left in the tensor, the rest unspecified. CPU tensors.")
       .def("settings", &py_plan::settings, "The current (bits, bucket) of every layer (bits 0: uncompressed).")
       .def("snapshot", &py_plan::snapshot,
            "This rank's state for a checkpoint: a dict of calls (the key of the next call's random bits), settings, "

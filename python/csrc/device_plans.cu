@@ -63,6 +63,9 @@ class device_plan final : public plan {
     adapt_->observe(host_.data());
     if (plan_.calls() % static_cast<std::uint32_t>(interval_) == 0) plan_.set_settings(adapt_->assign());
   }
+  void reduce_scatter(void*, std::size_t) override {
+    throw cgx::error(cgx::errc::invalid_argument, "cgx_torch: reduce_scatter runs on host plans (CPU tensors) only");
+  }
   std::vector<std::pair<int, std::size_t>> settings() const override {
     std::vector<std::pair<int, std::size_t>> out;
     for (const auto& x : plan_.settings()) out.emplace_back(x.bits, x.bucket);

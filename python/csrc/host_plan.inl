@@ -69,6 +69,7 @@ class host_plan final : public plan {
       if (plan_.calls() % static_cast<std::uint32_t>(interval_) == 0) plan_.set_settings(adapt_->assign());
     }
   }
+  void reduce_scatter(void* data, std::size_t n) override { plan_.reduce_scatter(static_cast<T*>(data), n); }
   std::vector<std::pair<int, std::size_t>> settings() const override {
     std::vector<std::pair<int, std::size_t>> s;
     for (const auto& x : plan_.settings()) s.emplace_back(x.bits, x.bucket);

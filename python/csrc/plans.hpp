@@ -62,6 +62,9 @@ class plan {
   /// Sums data[0..n) over the ranks, in place. `stream` is a cudaStream_t for device
   /// plans and ignored by host plans. Throws cgx::error (a std::runtime_error).
   virtual void run(void* data, std::size_t n, void* stream) = 0;
+  /// Reduce-scatter in place (layerwise_plan::reduce_scatter): leaves this rank's chunk
+  /// of the sum in data, half of run()'s bytes. Host plans; device plans throw.
+  virtual void reduce_scatter(void* data, std::size_t n) = 0;
   /// The current (bits, bucket) of every layer, in the order given.
   virtual std::vector<std::pair<int, std::size_t>> settings() const = 0;
   virtual double average_bits() const = 0;

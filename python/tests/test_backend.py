@@ -111,6 +111,18 @@ def reduce_scatter_tensor_compressed():
     shard = [c[rank * m:(rank + 1) * m] for c in xs]
     assert within_bound(out, shard, mine, 4), (out.double() - mine).abs().max()
     assert (out.double() - mine).abs().max() > 1e-4, "not compressed"
+    # the reduce-scatter plan itself: its own values exact, the others' each within half a
+    # quantization step of their bucket (nearest rounding would be tighter; stochastic: one step)
+    own = x[rank * m:(rank + 1) * m].double()
+    err = (out.double() - mine).abs()
+    step = sum(float(c.max() - c.min()) / 15 for r, c in enumerate(shard) if r != rank)
+    assert err.max() <= step + 1e-5 * want.abs().max(), (err.max(), step)
+    if p > 1:
+        assert not torch.equal(out.double(), own), "the others' contributions were not added"
+    # AVG: the same shard divided by the ranks
+    avg = torch.empty(m)
+    dist.reduce_scatter_tensor(avg, x, op=dist.ReduceOp.AVG)
+    assert (avg.double() - mine / p).abs().max() <= (step + 1e-5 * want.abs().max()) / p + 1e-6
 
 
 @test
