@@ -607,13 +607,12 @@ int run(const options& o, int rank, int p) {
                   "ranks; MPI_Allreduce timed in the same loop\n", o.passes, o.iters, o.warmup);
     std::printf("# mpi: the better of Open MPI's default allreduce (def) and its ring (ring: %s); speedup = mpi / time\n",
                 ring_comm != MPI_COMM_NULL ? "timed" : "not available, see the file comment");
+    char rate[64] = " (rate unknown: no wire column)";
+    if (link_bps > 0) std::snprintf(rate, sizeof rate, " at %.3f Gbit/s, shared by the ranks", link_bps / 1e9);
     std::printf("# roofline: copy bandwidth %.2f GB/s per rank (read + written, all %d ranks copying 64 MiB at once, "
                 "measured now); link %s%s; floor = 2 n sizeof(T) + 4 (p-1)/p w bytes at that bandwidth, wire = "
                 "2 (p-1) w over the link%s\n",
-                copy_bps / 1e9, p, o.link.c_str(),
-                link_bps > 0 ? (" at " + std::to_string(link_bps / 1e9).substr(0, 5) + " Gbit/s, shared by the ranks").c_str()
-                             : " (rate unknown: no wire column)",
-                roofline ? "" : " (sra and ring rows only)");
+                copy_bps / 1e9, p, o.link.c_str(), rate, roofline ? "" : " (sra and ring rows only)");
     std::printf("# cgx hands calls under %zu bytes to MPI_Allreduce (native_below_bytes%s)\n",
                 plans.empty() ? o.native_below : plans[0].native_below,
                 o.native_below == cgx::auto_threshold ? ", picked by the plan" : "");

@@ -1,4 +1,5 @@
-# Shared by scripts/demo and scripts/test: Debian packages, launcher environment.
+# Shared by scripts/demo, scripts/test, scripts/gpu-rehearsal and python/tests/without_mpi.sh:
+# Debian packages, launcher environment, hiding the system MPI.
 # shellcheck shell=bash
 
 CGX_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -54,4 +55,34 @@ cgx_tbf_burst() {
   local bytes=$(( bps / 8 / 500 ))
   [ "$bytes" -lt 262144 ] && bytes=262144
   echo "$bytes"
+}
+
+# The folders of Debian's Open MPI and MPICH (libraries, plugins, MPICH's headers).
+cgx_mpi_dirs() {
+  local ma
+  ma=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+  echo "/usr/lib/$ma/openmpi /usr/lib/$ma/mpich /usr/include/$ma/mpich"
+}
+
+# The system's MPI compiler wrappers and launchers (most are links through
+# /etc/alternatives: hiding a link hides what it points to).
+cgx_mpi_wrappers() {
+  local w
+  for w in /usr/bin/mpicc* /usr/bin/mpicxx* /usr/bin/mpic++* /usr/bin/mpiCC* /usr/bin/mpif* /usr/bin/mpiexec* \
+           /usr/bin/mpirun*; do
+    [[ -e "$w" ]] && echo "$w"
+  done
+}
+
+# cgx_hide PATH...: in a private mount namespace (unshare -m, as root), hides each path
+# that exists: a folder under an empty read-only tmpfs, a file under /dev/null.
+cgx_hide() {
+  local x
+  for x in "$@"; do
+    if [[ -d "$x" ]]; then
+      mount -t tmpfs -o ro,size=4k cgx-hidden "$x"
+    elif [[ -e "$x" ]]; then
+      mount --bind /dev/null "$x"
+    fi
+  done
 }

@@ -152,14 +152,12 @@ class layerwise_base {
   const layerwise_layout& layout() const noexcept { return layout_; }
   /// Values in the fused buffer.
   std::size_t size() const noexcept { return layout_.size(); }
-  /// Bytes this rank sends per call with the current settings (0 on one rank).
+  /// Bytes this rank sends per call with the current settings (0 on one rank): its part
+  /// of every other chunk (phase 1), then its own chunk's sum to every peer (phase 2).
   std::size_t bytes_sent() const {
-    const int p = x_.size(), me = x_.rank();
+    const int p = x_.size();
     if (p == 1) return 0;
-    std::size_t b = static_cast<std::size_t>(p - 1) * layout_.chunk_bytes(me);
-    for (int r = 0; r < p; ++r)
-      if (r != me) b += layout_.chunk_bytes(r);
-    return b;
+    return scatter_bytes_sent() + static_cast<std::size_t>(p - 1) * layout_.chunk_bytes(x_.rank());
   }
   /// Average bits per value over the layers (uncompressed values count 8 sizeof(T)),
   /// metadata excluded.
@@ -219,6 +217,15 @@ class layerwise_base {
     all_raw.cut(raw, x_.size(), &setting_bytes<T>, Derived::piece_align);
     static_cast<Derived*>(this)->reserve(all_raw.slot_bytes());
     set_settings(default_settings(layout_.layers(), opts_.defaults));
+  }
+
+  /// Bytes this rank sends in phase 1 (scatter-reduce): its part of every other chunk.
+  std::size_t scatter_bytes_sent() const {
+    const int p = x_.size(), me = x_.rank();
+    std::size_t b = 0;
+    for (int r = 0; r < p; ++r)
+      if (r != me) b += layout_.chunk_bytes(r);
+    return b;
   }
 
   /// The random-bit key of the next call.
@@ -349,13 +356,7 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
     claimed.finish();
   }
   /// Bytes this rank sends per reduce_scatter with the current settings (0 on one rank).
-  std::size_t reduce_scatter_bytes_sent() const {
-    const int p = this->x_.size(), me = this->x_.rank();
-    std::size_t b = 0;
-    for (int r = 0; r < p; ++r)
-      if (r != me) b += this->layout_.chunk_bytes(r);
-    return b;
-  }
+  std::size_t reduce_scatter_bytes_sent() const { return this->scatter_bytes_sent(); }
 
   /// Forgets the error-feedback residuals (no-op without error feedback).
   void reset_error_feedback() { ef_.reset(); }

@@ -48,6 +48,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -55,6 +56,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "error.hpp"
@@ -427,12 +429,10 @@ double copy_bandwidth(std::size_t bytes, Sync&& sync) {
 inline double link_rate_bps(std::string_view link) noexcept {
   const std::size_t at = link.find_first_of("0123456789");
   if (at == std::string_view::npos) return 0;
-  double v = 0, frac = 0.1;
-  std::size_t i = at;
-  for (; i < link.size() && link[i] >= '0' && link[i] <= '9'; ++i) v = 10 * v + (link[i] - '0');
-  if (i < link.size() && link[i] == '.')
-    for (++i; i < link.size() && link[i] >= '0' && link[i] <= '9'; ++i, frac /= 10) v += frac * (link[i] - '0');
-  const std::string_view unit = link.substr(i);
+  double v = 0;
+  const auto [end, ec] = std::from_chars(link.data() + at, link.data() + link.size(), v);
+  if (ec != std::errc{}) return 0;
+  const std::string_view unit(end, static_cast<std::size_t>(link.data() + link.size() - end));
   if (unit == "gbit") return v * 1e9;
   if (unit == "mbit") return v * 1e6;
   if (unit == "kbit") return v * 1e3;

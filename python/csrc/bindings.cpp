@@ -470,9 +470,7 @@ class py_plan {
       s.sensitivity = d["sensitivity"].cast<std::vector<double>>();
       const std::string r = d["residual"].cast<std::string>();
       s.residual.assign(r.begin(), r.end());
-    } catch (const py::error_already_set&) {
-      throw py::value_error("cgx_torch: not a plan snapshot (a dict of calls, settings, observed, sensitivity, residual)");
-    } catch (const py::cast_error&) {
+    } catch (const std::exception&) {  // a missing key (error_already_set) or a wrong type (cast_error)
       throw py::value_error("cgx_torch: not a plan snapshot (a dict of calls, settings, observed, sensitivity, residual)");
     }
     guarded([&] { p_->restore(s); });

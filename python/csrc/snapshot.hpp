@@ -45,19 +45,22 @@ void restore_snapshot(Plan& p, std::optional<cgx::adaptive_bits>& a, std::size_t
     bad(ef_values == 0 ? std::string("has error-feedback residuals; the plan has no error feedback")
                        : "has " + std::to_string(s.residual.size()) + " bytes of residuals, the plan needs " +
                              std::to_string(ef_values * sizeof(T)));
-  if (a.has_value() != !s.sensitivity.empty() && s.observed)
-    bad(a ? "has no adaptive statistics; the plan is adaptive" : "has adaptive statistics; the plan is not adaptive");
-  if (a && !s.sensitivity.empty() && s.sensitivity.size() != s.settings.size()) bad("has a wrong number of sensitivities");
-  std::vector<T> r(ef_values);
-  if (ef_values) std::memcpy(r.data(), s.residual.data(), s.residual.size());
-  for (const T v : r)
-    if (!std::isfinite(static_cast<double>(v))) bad("has a residual that is not finite");
+  if (s.observed && !a) bad("has adaptive statistics; the plan is not adaptive");
+  if (s.observed && s.sensitivity.size() != s.settings.size()) bad("has a wrong number of sensitivities");
+  for (std::size_t i = 0; i < s.settings.size(); ++i)
+    cgx::validate_setting(cgx::layer_setting{s.settings[i].first, s.settings[i].second}, i);
   for (const double v : s.sensitivity)
     if (!std::isfinite(v) || v < 0) bad("has a sensitivity that is not finite and >= 0");
+  // The residuals first: set_residual checks them (count, finite) and changes nothing when
+  // it throws; after it nothing can fail on the snapshot's account.
+  if (ef_values) {
+    std::vector<T> r(ef_values);  // the bytes need not be aligned for T
+    std::memcpy(r.data(), s.residual.data(), s.residual.size());
+    set_residual(std::span<const T>(r));
+  }
   std::vector<cgx::layer_setting> st;
   for (const auto& [bits, bucket] : s.settings) st.push_back(cgx::layer_setting{bits, bucket});
-  p.set_settings(std::move(st));  // validates bits and buckets; keeps the old ones when it throws
-  if (ef_values) set_residual(std::span<const T>(r));
+  p.set_settings(std::move(st));
   if (a && s.observed) a->set_sensitivity(s.sensitivity);
   p.set_calls(s.calls);
 }

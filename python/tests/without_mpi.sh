@@ -6,17 +6,14 @@
 # load libmpi (it must fail). Elsewhere CMD runs as it is and the line says so (the
 # tests then still check that no MPI library is loaded into their processes).
 set -uo pipefail
-multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
-lib=/usr/lib/$multiarch
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 if [[ "${CGX_WITHOUT_MPI_INNER:-0}" == 1 ]]; then
-  for d in "$lib/openmpi" "$lib/mpich" "/usr/include/$multiarch/mpich" "$lib/pmix2" "$lib/pmix"; do
-    [[ -d "$d" ]] && mount -t tmpfs -o ro,size=4k cgx-no-mpi "$d"
-  done
-  for f in "$lib"/libmpi*.so* "$lib"/libmpich*.so* "$lib"/libopen-pal*.so* "$lib"/libopen-rte*.so* "$lib"/libpmix*.so* \
-           /usr/bin/mpicc* /usr/bin/mpicxx* /usr/bin/mpic++* /usr/bin/mpiCC* /usr/bin/mpif* /usr/bin/mpiexec* \
-           /usr/bin/mpirun* /usr/bin/orte* /usr/bin/orted /usr/bin/ompi* /usr/bin/opal* /usr/bin/hydra* /usr/bin/mpiexec.hydra; do
-    [[ -f "$f" && ! -L "$f" ]] && mount --bind /dev/null "$f"
-  done
+  lib=/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+  # the MPI folders and wrappers, and the libraries and launchers outside them
+  # shellcheck disable=SC2046
+  cgx_hide $(cgx_mpi_dirs) "$lib/pmix2" "$lib/pmix" $(cgx_mpi_wrappers) "$lib"/libmpi*.so* "$lib"/libmpich*.so* \
+    "$lib"/libopen-pal*.so* "$lib"/libopen-rte*.so* "$lib"/libpmix*.so* /usr/bin/orte* /usr/bin/orted /usr/bin/ompi* \
+    /usr/bin/opal* /usr/bin/hydra* /usr/bin/mpiexec.hydra
   if python3 -c 'import ctypes, sys
 for n in ("libmpi.so.40", "libmpi.so", "libmpich.so.12"):
     try:
