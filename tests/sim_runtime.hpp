@@ -25,6 +25,16 @@
 //    teardown rule of CUDA IPC), using an event whose exporter destroyed it, touching
 //    freed memory, ranges past an allocation's end, and work enqueued on a stream of
 //    another device than the current one (a world may have several devices).
+//  - Stream capture (CUDA graphs). begin_capture/end_capture/instantiate/graph_launch:
+//    while a stream captures, what is enqueued on it (kernels, copies, external event
+//    records and waits, NCCL operations) becomes a node that each launch of the graph
+//    enqueues on the launch stream, checked then; a plain event record is capture-
+//    internal. What CUDA forbids during a capture is a violation and invalidates it
+//    (end_capture then fails): malloc/free/host_alloc/free_host of the capturing rank,
+//    synchronizing the capturing stream, querying or synchronizing an event recorded
+//    inside a capture, a plain wait on an event recorded outside it
+//    (cudaErrorStreamCaptureIsolation), and work on the legacy stream while a stream of
+//    the rank captures (cudaErrorStreamCaptureImplicit).
 // Violations are collected (world::violations()), never thrown: a test checks that
 // none happened and prints them when some did.
 #pragma once
@@ -53,12 +63,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <random>
 #include <span>
 #include <string>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace sim {
@@ -102,10 +114,13 @@ struct allocation {
   std::vector<mapping> mappings;
 };
 
+struct capture_obj;
+
 struct event_obj {
   int id = 0;
   bool interprocess = false;
   bool destroyed = false;
+  capture_obj* captured_in = nullptr;  // its last record was a capture-internal one (no record at launch)
   std::uint64_t records = 0;
   std::vector<char> completed{1};  // completed[k]: record k has run (record 0: none, always "run")
   vclock at_last_record;
@@ -156,9 +171,30 @@ struct stream_obj {
   int actor = 0;
   int rank = 0;    // the rank (host thread's) that created it
   int device = 0;  // the device current at its creation
+  bool legacy = false;            // the rank's legacy default stream (cudaStream_t 0)
+  capture_obj* cap = nullptr;     // the capture it is in, if any
   vclock clock;
   std::deque<op> q;
   std::uint64_t enqueued = 0, done = 0;
+};
+
+/// A node of a captured graph: enqueues its op on the stream the graph is launched on,
+/// as the launching host actor, with the world's lock held (the checks run then, with
+/// the launch's clocks, as CUDA orders a graph's nodes after the work before the launch).
+/// The world's lock as a graph node holds it (a node that waits releases it meanwhile).
+using host_lock = std::unique_lock<std::mutex>;
+using graph_node = std::function<void(stream_obj&, int, host_lock&)>;
+
+/// One stream capture (cudaStreamBeginCapture .. cudaStreamEndCapture) and the graphs
+/// made of it. Linear: the plans capture on one stream.
+struct capture_obj {
+  stream_obj* origin = nullptr;
+  int rank = 0;
+  bool invalidated = false;
+  std::vector<graph_node> nodes;
+};
+struct graph_obj {
+  std::vector<graph_node> nodes;
 };
 
 /// A range an op reads or writes.
@@ -242,6 +278,7 @@ class world {
     if (bytes > (std::size_t{1} << 32)) return cudaErrorMemoryAllocation;
     std::lock_guard<std::mutex> l(m_);
     const int h = host_of_this_thread();
+    if (illegal_in_capture(h, device ? "cudaMalloc" : "cudaHostAlloc")) return cudaErrorStreamCaptureUnsupported;
     tick(h);
     auto a = std::make_unique<allocation>();
     a->id = static_cast<int>(allocs_.size()) + 1;
@@ -262,6 +299,7 @@ class world {
     if (p == nullptr) return cudaSuccess;
     std::unique_lock<std::mutex> l(m_);
     const int h = host_of_this_thread();
+    if (illegal_in_capture(h, device ? "cudaFree" : "cudaFreeHost")) return cudaErrorStreamCaptureUnsupported;
     auto it = by_addr_.find(reinterpret_cast<std::uintptr_t>(p));
     if (it == by_addr_.end() || it->second->freed || it->second->device != device) {
       report(h, "frees a pointer that is not a live allocation of this kind");
@@ -354,22 +392,28 @@ class world {
     return cudaSuccess;
   }
 
-  cudaError_t event_record(cudaEvent_t e, cudaStream_t s) {
+  cudaError_t event_record(cudaEvent_t e, cudaStream_t s) { return event_record_with_flags(e, s, 0); }
+
+  /// cudaEventRecordWithFlags: while s captures, cudaEventRecordExternal makes a record
+  /// node; a plain record is capture-internal (it records nothing when the graph runs).
+  cudaError_t event_record_with_flags(cudaEvent_t e, cudaStream_t s, unsigned flags) {
     std::lock_guard<std::mutex> l(m_);
     const int h = host_of_this_thread();
     event_ref* r = ref_of(e, h, "cudaEventRecord");
     if (r == nullptr) return cudaErrorInvalidResourceHandle;
     stream_obj& st = stream_of(s, h);
-    enqueue_clock(st, h);
-    event_obj& ev = *r->target;
-    ev.records += 1;
-    ev.completed.push_back(0);
-    ev.at_last_record = st.clock;
-    op o;
-    o.k = op::record;
-    o.ev = &ev;
-    o.rec = ev.records;
-    push(st, std::move(o));
+    event_obj* ev = r->target;
+    switch (route_of(st, h, "cudaEventRecord")) {
+      case route::refused: return refused_error(st);
+      case route::capture:
+        if ((flags & cudaEventRecordExternal) != 0)
+          st.cap->nodes.push_back([this, ev](stream_obj& t, int hh, host_lock&) { record_on(t, hh, *ev); });
+        else
+          ev->captured_in = st.cap;
+        return cudaSuccess;
+      case route::now: break;
+    }
+    record_on(st, h, *ev);
     return cudaSuccess;
   }
 
@@ -379,6 +423,7 @@ class world {
     event_ref* r = ref_of(e, h, "cudaEventQuery");
     if (r == nullptr) return cudaErrorInvalidResourceHandle;
     event_obj& ev = *r->target;
+    if (ev.captured_in != nullptr) return captured_event(ev, h, "cudaEventQuery");
     if (!ev.completed[ev.records]) return cudaErrorNotReady;
     join(clock_[static_cast<std::size_t>(h)], ev.at_last_record);
     tick(h);
@@ -391,6 +436,7 @@ class world {
     event_ref* r = ref_of(e, h, "cudaEventSynchronize");
     if (r == nullptr) return cudaErrorInvalidResourceHandle;
     event_obj& ev = *r->target;
+    if (ev.captured_in != nullptr) return captured_event(ev, h, "cudaEventSynchronize");
     const std::uint64_t k = ev.records;
     const vclock c = ev.at_last_record;
     cv_.wait(l, [&] { return ev.completed[k] != 0; });
@@ -399,20 +445,37 @@ class world {
     return cudaSuccess;
   }
 
-  cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t e) {
+  cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t e) { return stream_wait_event_with_flags(s, e, 0); }
+
+  /// cudaStreamWaitEvent with flags: while s captures, cudaEventWaitExternal makes a wait
+  /// node (on the record that is the latest when the graph runs); a plain wait may only
+  /// name an event recorded inside this capture (or never recorded).
+  cudaError_t stream_wait_event_with_flags(cudaStream_t s, cudaEvent_t e, unsigned flags) {
     std::lock_guard<std::mutex> l(m_);
     const int h = host_of_this_thread();
     event_ref* r = ref_of(e, h, "cudaStreamWaitEvent");
     if (r == nullptr) return cudaErrorInvalidResourceHandle;
     stream_obj& st = stream_of(s, h);
-    enqueue_clock(st, h);
-    event_obj& ev = *r->target;
-    join(st.clock, ev.at_last_record);
-    op o;
-    o.k = op::wait;
-    o.ev = &ev;
-    o.rec = ev.records;
-    push(st, std::move(o));
+    event_obj* ev = r->target;
+    switch (route_of(st, h, "cudaStreamWaitEvent")) {
+      case route::refused: return refused_error(st);
+      case route::capture:
+        if ((flags & cudaEventWaitExternal) != 0) {
+          st.cap->nodes.push_back([this, ev](stream_obj& t, int hh, host_lock&) { wait_on(t, hh, *ev); });
+          return cudaSuccess;
+        }
+        if (ev->captured_in == st.cap || ev->records == 0) return cudaSuccess;  // in-capture order, or nothing
+        invalidate(*st.cap, h,
+                   "cudaStreamWaitEvent (without cudaEventWaitExternal) on an event recorded outside the capture "
+                   "(cudaErrorStreamCaptureIsolation)");
+        return cudaErrorStreamCaptureIsolation;
+      case route::now: break;
+    }
+    if (ev->captured_in != nullptr) {
+      report(h, "cudaStreamWaitEvent outside a capture on an event recorded inside one");
+      return cudaErrorStreamCaptureIsolation;
+    }
+    wait_on(st, h, *ev);
     return cudaSuccess;
   }
 
@@ -420,6 +483,10 @@ class world {
     std::unique_lock<std::mutex> l(m_);
     const int h = host_of_this_thread();
     stream_obj& st = stream_of(s, h);
+    if (st.cap != nullptr || (st.legacy && active_.count(st.rank) != 0)) {
+      invalidate(st.cap != nullptr ? *st.cap : *active_[st.rank], h, "cudaStreamSynchronize of a capturing stream");
+      return cudaErrorStreamCaptureUnsupported;
+    }
     const std::uint64_t target = st.enqueued;
     cv_.wait(l, [&] { return st.done >= target; });
     join(clock_[static_cast<std::size_t>(h)], st.clock);
@@ -427,17 +494,149 @@ class world {
     return cudaSuccess;
   }
 
-  /// Enqueues `fn` on stream s; `ranges` are the bytes it reads and writes, checked now.
-  void launch(cudaStream_t s, std::span<const range> ranges, const std::string& what, std::function<void()> fn) {
+  /// Enqueues `fn` on stream s; `ranges` are the bytes it reads and writes, checked now
+  /// (while s captures: at each launch of the graph).
+  /// The result: what CUDA returns for the launch (an error when the stream refuses work
+  /// during a capture).
+  cudaError_t launch(cudaStream_t s, std::span<const range> ranges, const std::string& what, std::function<void()> fn) {
     std::lock_guard<std::mutex> l(m_);
     const int h = host_of_this_thread();
     stream_obj& st = stream_of(s, h);
-    enqueue_clock(st, h);
-    for (const range& rg : ranges) check(st.actor, st.clock, rg, what);
-    op o;
-    o.k = op::task;
-    o.fn = std::move(fn);
-    push(st, std::move(o));
+    switch (route_of(st, h, what)) {
+      case route::refused: return refused_error(st);
+      case route::capture: {
+        std::vector<range> rs(ranges.begin(), ranges.end());
+        st.cap->nodes.push_back([this, rs, what, fn](stream_obj& t, int hh, host_lock&) { launch_on(t, hh, rs, what, fn); });
+        return cudaSuccess;
+      }
+      case route::now: break;
+    }
+    launch_on(st, h, ranges, what, std::move(fn));
+    return cudaSuccess;
+  }
+
+  // ---- comm::cuda_ipc's device synchronization (runtime policy: ipc_post, ipc_wait) ----
+  //
+  // A synchronization block's words (epoch, ready, done) are simulated device memory
+  // written by the post op and read by the wait op when they run (under the world's
+  // lock; not access-checked: flags are meant to race). The order the wait gives is
+  // modelled at enqueue time, as every other edge of the checker is: a wait for epoch e
+  // blocks the enqueuing host thread until each peer has enqueued its post of e, and
+  // joins that post's clock (the first post that lets the device wait pass). On a GPU
+  // nothing blocks the host; the edges are the same.
+
+  cudaError_t ipc_post(std::uint32_t* sync, unsigned slot, cudaStream_t s) {
+    host_lock l(m_);
+    const int h = host_of_this_thread();
+    stream_obj& st = stream_of(s, h);
+    switch (route_of(st, h, "ipc_post")) {
+      case route::refused: return refused_error(st);
+      case route::capture:
+        st.cap->nodes.push_back([this, sync, slot](stream_obj& t, int hh, host_lock&) { ipc_post_on(t, hh, sync, slot); });
+        return cudaSuccess;
+      case route::now: break;
+    }
+    ipc_post_on(st, h, sync, slot);
+    return cudaSuccess;
+  }
+
+  cudaError_t ipc_wait(const std::uint32_t* const* peers, int p, const std::uint32_t* mine, unsigned slot,
+                       std::uint64_t limit_ns, void* fault, cudaStream_t s) {
+    host_lock l(m_);
+    const int h = host_of_this_thread();
+    stream_obj& st = stream_of(s, h);
+    switch (route_of(st, h, "ipc_wait")) {
+      case route::refused: return refused_error(st);
+      case route::capture:
+        st.cap->nodes.push_back([=, this](stream_obj& t, int hh, host_lock& lk) {
+          ipc_wait_on(t, hh, lk, peers, p, mine, slot, limit_ns, fault);
+        });
+        return cudaSuccess;
+      case route::now: break;
+    }
+    ipc_wait_on(st, h, l, peers, p, mine, slot, limit_ns, fault);
+    return cudaSuccess;
+  }
+
+  /// Posts of synchronization blocks enqueued so far (a test can see that none is left).
+  std::uint64_t ipc_posts() const {
+    std::lock_guard<std::mutex> l(m_);
+    return ipc_posts_;
+  }
+
+  // ---- stream capture (CUDA graphs) ----
+
+  cudaError_t stream_is_capturing(cudaStream_t s, cudaStreamCaptureStatus* out) {
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    stream_obj& st = stream_of(s, h);
+    *out = cudaStreamCaptureStatusNone;
+    if (st.cap != nullptr)
+      *out = st.cap->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+    else if (st.legacy && active_.count(st.rank) != 0)
+      return cudaErrorStreamCaptureImplicit;
+    return cudaSuccess;
+  }
+  /// cudaStreamBeginCapture (one capture per rank at a time; not the legacy stream).
+  cudaError_t begin_capture(cudaStream_t s) {
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    stream_obj& st = stream_of(s, h);
+    if (st.legacy) return cudaErrorStreamCaptureUnsupported;
+    if (st.cap != nullptr || active_.count(st.rank) != 0) return cudaErrorIllegalState;
+    auto c = std::make_unique<capture_obj>();
+    c->origin = &st;
+    c->rank = st.rank;
+    st.cap = c.get();
+    active_[st.rank] = c.get();
+    captures_.push_back(std::move(c));
+    return cudaSuccess;
+  }
+  /// cudaStreamEndCapture: the graph, or cudaErrorStreamCaptureInvalidated (no graph)
+  /// when something illegal happened during the capture.
+  cudaError_t end_capture(cudaStream_t s, cudaGraph_t* g) {
+    std::lock_guard<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    stream_obj& st = stream_of(s, h);
+    *g = nullptr;
+    if (st.cap == nullptr || st.cap->origin != &st) return cudaErrorIllegalState;
+    capture_obj* c = st.cap;
+    st.cap = nullptr;
+    active_.erase(c->rank);
+    if (c->invalidated) return cudaErrorStreamCaptureInvalidated;
+    auto graph = std::make_unique<graph_obj>();
+    graph->nodes = c->nodes;
+    *g = reinterpret_cast<cudaGraph_t>(graph.get());
+    graphs_.push_back(std::move(graph));
+    return cudaSuccess;
+  }
+  /// cudaGraphInstantiate: an executable copy of the graph.
+  cudaError_t instantiate(cudaGraphExec_t* x, cudaGraph_t g) {
+    std::lock_guard<std::mutex> l(m_);
+    if (g == nullptr) return cudaErrorInvalidValue;
+    auto e = std::make_unique<graph_obj>(*reinterpret_cast<graph_obj*>(g));
+    *x = reinterpret_cast<cudaGraphExec_t>(e.get());
+    graphs_.push_back(std::move(e));
+    return cudaSuccess;
+  }
+  /// cudaGraphLaunch: every node enqueued on s, in capture order, now.
+  cudaError_t graph_launch(cudaGraphExec_t x, cudaStream_t s) {
+    std::unique_lock<std::mutex> l(m_);
+    const int h = host_of_this_thread();
+    stream_obj& st = stream_of(s, h);
+    if (x == nullptr) return cudaErrorInvalidValue;
+    switch (route_of(st, h, "cudaGraphLaunch")) {
+      case route::refused: return refused_error(st);
+      case route::capture: return cudaErrorNotSupported;  // (nested graphs: not modelled)
+      case route::now: break;
+    }
+    for (const graph_node& n : reinterpret_cast<graph_obj*>(x)->nodes) n(st, h, l);
+    return cudaSuccess;
+  }
+  /// Nodes of a graph or an executable graph (a test can see what a capture holds).
+  std::size_t graph_nodes(const void* g) const {
+    std::lock_guard<std::mutex> l(m_);
+    return static_cast<const graph_obj*>(g)->nodes.size();
   }
 
   /// An access of the calling host thread to simulated memory (a host transport reading
@@ -600,8 +799,7 @@ class world {
       return ncclInvalidUsage;
     }
     std::lock_guard<std::mutex> l(m_);
-    issue(ops);
-    return ncclSuccess;
+    return issue(ops) ? ncclSuccess : ncclInvalidUsage;
   }
 
   ncclResult_t nccl_p2p(bool send, void* p, std::size_t bytes, int peer, ncclComm_t c, cudaStream_t s) {
@@ -624,8 +822,7 @@ class world {
     const p2p op{send, p, bytes, peer, obj, s};
     if (pg.depth == 0) {  // a call outside a group is a group of its own
       std::lock_guard<std::mutex> l(m_);
-      issue(std::vector<p2p>{op});
-      return ncclSuccess;
+      return issue(std::vector<p2p>{op}) ? ncclSuccess : ncclInvalidUsage;
     }
     pg.ops.push_back(op);
     return ncclSuccess;
@@ -640,6 +837,20 @@ class world {
     const int h = host_of_this_thread();
     auto* obj = reinterpret_cast<nccl_comm_obj*>(c);
     stream_obj& st = stream_of(s, h);
+    switch (route_of(st, h, "ncclAllReduce")) {
+      case route::refused: return ncclInvalidUsage;
+      case route::capture:
+        st.cap->nodes.push_back([=, this](stream_obj& to, int hh, host_lock&) { all_reduce_on(to, hh, in, out, n, t, obj); });
+        return ncclSuccess;
+      case route::now: break;
+    }
+    all_reduce_on(st, h, in, out, n, t, obj);
+    return ncclSuccess;
+  }
+
+  // The op of an all-reduce (lock held); its sequence number is taken when it is enqueued.
+  void all_reduce_on(stream_obj& st, int h, const void* in, void* out, std::size_t n, ncclDataType_t t,
+                     nccl_comm_obj* obj) {
     const std::size_t bytes = n * (t == ncclFloat32 ? 4 : 8);
     enqueue_clock(st, h);
     check(st.actor, st.clock, range{in, bytes, false}, "ncclAllReduce");
@@ -690,7 +901,6 @@ class world {
       }
     };
     push(st, std::move(sum));
-    return ncclSuccess;
   }
 
   ncclResult_t nccl_get_async_error(ncclComm_t c, ncclResult_t* r) {
@@ -795,12 +1005,29 @@ class world {
   // Issues one group's sends and receives (lock held): per stream, one op that deposits
   // the sends, then one that waits for every receive's message and copies it in, so that
   // a group's receives never block its own sends (as in one NCCL kernel).
-  void issue(const std::vector<p2p>& ops) {
+  // While a stream captures, its part becomes a node (sequence numbers are taken at each
+  // launch). False when a stream refuses work (an illegal use during a capture).
+  bool issue(const std::vector<p2p>& ops) {
     const int h = host_of_this_thread();
     std::map<cudaStream_t, std::vector<p2p>> by_stream;
     for (const auto& o : ops) by_stream[o.s].push_back(o);
+    bool ok = true;
     for (auto& [s, list] : by_stream) {
       stream_obj& st = stream_of(s, h);
+      switch (route_of(st, h, "an NCCL group")) {
+        case route::refused: ok = false; continue;
+        case route::capture:
+          st.cap->nodes.push_back([this, l = list](stream_obj& t, int hh, host_lock&) { issue_on(t, hh, l); });
+          continue;
+        case route::now: break;
+      }
+      issue_on(st, h, list);
+    }
+    return ok;
+  }
+  // One stream's part of a group (lock held).
+  void issue_on(stream_obj& st, int h, const std::vector<p2p>& list) {
+    {
       enqueue_clock(st, h);
       struct msg {
         p2p o;
@@ -907,10 +1134,156 @@ class world {
     st->actor = new_actor("default stream of rank " + std::to_string(rank));
     st->rank = rank;
     st->device = device_of_thread();
+    st->legacy = true;
     stream_obj* raw = st.get();
     streams_.push_back(std::move(st));
     null_stream_[rank] = raw;
     return *raw;
+  }
+
+  // ---- how an op meets a capture (lock held) ----
+  enum class route { now, capture, refused };
+  // Where an op that host actor h enqueues on st goes: now, into st's capture, or
+  // nowhere (st's capture was invalidated, or st is the legacy stream while a stream of
+  // its rank captures: invalidated now, reported).
+  route route_of(stream_obj& st, int h, const std::string& what) {
+    if (st.cap != nullptr) return st.cap->invalidated ? route::refused : route::capture;
+    if (st.legacy) {
+      auto it = active_.find(st.rank);
+      if (it != active_.end()) {
+        invalidate(*it->second, h, what + " on the legacy default stream (cudaErrorStreamCaptureImplicit)");
+        return route::refused;
+      }
+    }
+    return route::now;
+  }
+  static cudaError_t refused_error(const stream_obj& st) {
+    return st.cap != nullptr ? cudaErrorStreamCaptureInvalidated : cudaErrorStreamCaptureImplicit;
+  }
+  void invalidate(capture_obj& c, int h, const std::string& what) {
+    if (!c.invalidated) report(h, what + " while a stream captures a CUDA graph: CUDA refuses it and invalidates the capture");
+    c.invalidated = true;
+  }
+  // A call CUDA refuses while a capture of the caller's rank is active: invalidates it.
+  bool illegal_in_capture(int h, const char* what) {
+    auto it = active_.find(rank_of_[static_cast<std::size_t>(h)]);
+    if (it == active_.end()) return false;
+    invalidate(*it->second, h, what);
+    return true;
+  }
+  // A host query or wait on an event whose last record was capture-internal.
+  cudaError_t captured_event(event_obj& ev, int h, const char* what) {
+    const std::string msg = std::string(what) + " of an event recorded inside a stream capture";
+    auto it = active_.find(rank_of_[static_cast<std::size_t>(h)]);
+    if (it != active_.end() && it->second == ev.captured_in)
+      invalidate(*it->second, h, msg);
+    else
+      report(h, msg);
+    return cudaErrorStreamCaptureUnsupported;
+  }
+
+  // cuda_ipc's post and wait (lock held), now or at a graph's launch.
+  struct ipc_block {
+    std::uint32_t epoch = 0;                 // posts of ready enqueued so far
+    std::map<std::uint32_t, vclock> ready;   // epoch -> clock of its post
+    std::map<std::uint32_t, vclock> done;    // epoch -> clock of its first post
+  };
+  void ipc_post_on(stream_obj& st, int h, std::uint32_t* sync, unsigned slot) {
+    enqueue_clock(st, h);
+    ipc_block& b = ipc_blocks_[sync];
+    if (slot == 1) b.ready[++b.epoch] = st.clock;
+    else b.done.emplace(b.epoch, st.clock);
+    ++ipc_posts_;
+    op o;
+    o.k = op::until;
+    o.ready = [] { return true; };
+    o.fn = [sync, slot] {
+      if (slot == 1) sync[0] += 1;
+      sync[slot] = sync[0];
+    };
+    push(st, std::move(o));
+  }
+  void ipc_wait_on(stream_obj& st, int h, host_lock& l, const std::uint32_t* const* peers, int p,
+                   const std::uint32_t* mine, unsigned slot, std::uint64_t limit_ns, void* fault) {
+    const std::uint32_t e = ipc_blocks_[mine].epoch;
+    const auto limit = limit_ns != 0 ? std::chrono::nanoseconds(limit_ns) : std::chrono::nanoseconds(ipc_enqueue_limit_);
+    const auto until = std::chrono::steady_clock::now() + limit;
+    std::vector<const std::uint32_t*> blocks(peers, peers + p);  // the device array, read as the kernel will
+    vclock joined;
+    for (int q = 0; q < p && e > 0; ++q) {
+      if (blocks[static_cast<std::size_t>(q)] == mine) continue;
+      ipc_block& b = ipc_blocks_[blocks[static_cast<std::size_t>(q)]];
+      auto& posts = slot == 1 ? b.ready : b.done;
+      if (!cv_.wait_until(l, until, [&] { return posts.count(e) != 0; })) {
+        if (limit_ns == 0)
+          report(h, "ipc_wait: rank " + std::to_string(q) + " enqueued no post of epoch " + std::to_string(e) +
+                        " within " + std::to_string(ipc_enqueue_limit_.count()) + " ms (a deadlock of the protocol)");
+        continue;  // the device wait times out too (below)
+      }
+      join(joined, posts.at(e));
+    }
+    enqueue_clock(st, h);
+    join(st.clock, joined);
+    auto start = std::make_shared<std::optional<std::chrono::steady_clock::time_point>>();
+    auto passed = [blocks, mine, slot] {
+      for (const std::uint32_t* b : blocks)
+        if (static_cast<std::int32_t>(b[slot] - mine[0]) < 0) return false;
+      return true;
+    };
+    op o;
+    o.k = op::until;
+    o.ready = [passed, start, limit_ns] {
+      if (passed()) return true;
+      if (!*start) *start = std::chrono::steady_clock::now();
+      return limit_ns != 0 && std::chrono::steady_clock::now() - **start > std::chrono::nanoseconds(limit_ns);
+    };
+    o.fn = [passed, blocks, mine, slot, fault] {
+      auto* f = static_cast<std::uint32_t*>(fault);  // cgx::comm::detail::ipc_fault's words
+      if (passed() || f[4] != 0) return;
+      // The first timed-out wait's report (its __trap is not modelled: the stream goes on).
+      f[4] = 1;
+      for (std::size_t q = 0; q < blocks.size(); ++q)
+        if (static_cast<std::int32_t>(blocks[q][slot] - mine[0]) < 0) {
+          f[1] = static_cast<std::uint32_t>(q);
+          break;
+        }
+      f[2] = mine[0];
+      f[3] = slot;
+      f[0] = 1;
+    };
+    push(st, std::move(o));
+  }
+
+  // The ops themselves (lock held), now or at a graph's launch.
+  void launch_on(stream_obj& st, int h, std::span<const range> ranges, const std::string& what,
+                 std::function<void()> fn) {
+    enqueue_clock(st, h);
+    for (const range& rg : ranges) check(st.actor, st.clock, rg, what);
+    op o;
+    o.k = op::task;
+    o.fn = std::move(fn);
+    push(st, std::move(o));
+  }
+  void record_on(stream_obj& st, int h, event_obj& ev) {
+    enqueue_clock(st, h);
+    ev.captured_in = nullptr;
+    ev.records += 1;
+    ev.completed.push_back(0);
+    ev.at_last_record = st.clock;
+    op o;
+    o.k = op::record;
+    o.ev = &ev;
+    o.rec = ev.records;
+    push(st, std::move(o));
+  }
+  void wait_on(stream_obj& st, int h, event_obj& ev) {
+    enqueue_clock(st, h);
+    join(st.clock, ev.at_last_record);
+    op o;
+    o.k = op::wait;
+    o.ev = &ev;
+    o.rec = ev.records;
+    push(st, std::move(o));
   }
   event_ref* ref_of(cudaEvent_t e, int h, const char* call) {
     auto* r = reinterpret_cast<event_ref*>(e);
@@ -1003,7 +1376,7 @@ class world {
         if (runnable(*s)) ready.push_back(s.get());
       if (ready.empty()) {
         if (stop_) return;
-        cv_.wait(l);
+        cv_.wait_for(l, std::chrono::milliseconds(5));  // (time-bounded until ops: cuda_ipc's waits)
         continue;
       }
       // Now and then let the host threads enqueue more before anything runs, so that
@@ -1032,6 +1405,9 @@ class world {
     }
   }
 
+  std::map<const void*, ipc_block> ipc_blocks_;  // cuda_ipc's synchronization blocks, by address
+  std::uint64_t ipc_posts_ = 0;
+  std::chrono::milliseconds ipc_enqueue_limit_{10000};
   const std::uint64_t serial_ = next_serial();  // worlds may reuse an address: tell them apart
   mutable std::mutex m_;
   std::condition_variable cv_;
@@ -1049,6 +1425,9 @@ class world {
   std::vector<std::unique_ptr<event_obj>> events_;
   std::vector<std::unique_ptr<event_ref>> refs_;
   std::vector<std::string> violations_;
+  std::map<int, capture_obj*> active_;  // rank -> its capture in progress
+  std::vector<std::unique_ptr<capture_obj>> captures_;
+  std::vector<std::unique_ptr<graph_obj>> graphs_;  // graphs and executable graphs
 #if CGX_SIM_NCCL
   std::uint64_t nccl_ids_ = 0;
   std::map<std::uint64_t, std::unique_ptr<nccl_group>> nccl_groups_;
@@ -1087,10 +1466,16 @@ struct kernels<cgx::quant::maxmin<Bits, B, Rounding>> {
   static void compress(const T* in, std::size_t n, std::byte* out, const cgx::quant::rng_state& rng = {},
                        cudaStream_t s = nullptr) {
     if (n == 0) return;
-    const range r[] = {{in, n * sizeof(T), false}, {out, compressed_bytes<T>(n), true}};
-    const std::uint64_t lanes_seed = rng.counter * 0x9e3779b97f4a7c15ull + rng.position;
+    // The CUDA kernel adds a device plan's call counter when it runs (rng_state::device_calls).
+    const std::uint32_t* calls = std::is_same_v<Rounding, cgx::quant::stochastic> ? rng.device_calls : nullptr;
+    const range r[] = {{in, n * sizeof(T), false},
+                       {out, compressed_bytes<T>(n), true},
+                       {calls, calls != nullptr ? sizeof(std::uint32_t) : 0, false}};
     w().launch(s, r, "compress", [=] {
-      cgx::quant::detail::host_compress<Bits, B, Rounding, T>(in, n, out, rng, cgx::quant::detail::lane_order::shuffled,
+      cgx::quant::rng_state k = rng;
+      if (calls != nullptr) k.counter += *calls;
+      const std::uint64_t lanes_seed = k.counter * 0x9e3779b97f4a7c15ull + k.position;
+      cgx::quant::detail::host_compress<Bits, B, Rounding, T>(in, n, out, k, cgx::quant::detail::lane_order::shuffled,
                                                               lanes_seed);
     });
   }
@@ -1160,15 +1545,34 @@ struct runtime {
   static cudaError_t event_create(cudaEvent_t* e, unsigned flags) { return w().event_create(e, flags); }
   static cudaError_t event_destroy(cudaEvent_t e) { return w().event_destroy(e); }
   static cudaError_t event_record(cudaEvent_t e, cudaStream_t s) { return w().event_record(e, s); }
+  static cudaError_t event_record_with_flags(cudaEvent_t e, cudaStream_t s, unsigned flags) {
+    return w().event_record_with_flags(e, s, flags);
+  }
   static cudaError_t event_query(cudaEvent_t e) { return w().event_query(e); }
   static cudaError_t event_synchronize(cudaEvent_t e) { return w().event_synchronize(e); }
   static cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t e) { return w().stream_wait_event(s, e); }
+  static cudaError_t stream_wait_event_with_flags(cudaStream_t s, cudaEvent_t e, unsigned flags) {
+    return w().stream_wait_event_with_flags(s, e, flags);
+  }
   static cudaError_t stream_synchronize(cudaStream_t s) { return w().stream_synchronize(s); }
+  static cudaError_t stream_is_capturing(cudaStream_t s, cudaStreamCaptureStatus* st) {
+    return w().stream_is_capturing(s, st);
+  }
+  static cudaError_t increment_u32(std::uint32_t* p, cudaStream_t s) {
+    const range r[] = {{p, sizeof(std::uint32_t), true}};
+    return w().launch(s, r, "increment_u32", [p] { *p += 1u; });
+  }
+  static cudaError_t ipc_post(std::uint32_t* sync, unsigned slot, cudaStream_t s) {
+    return w().ipc_post(sync, slot, s);
+  }
+  static cudaError_t ipc_wait(const std::uint32_t* const* peers, int p, const std::uint32_t* mine, unsigned slot,
+                              std::uint64_t limit_ns, void* fault, cudaStream_t s) {
+    return w().ipc_wait(peers, p, mine, slot, limit_ns, fault, s);
+  }
   static cudaError_t memcpy_async(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind, cudaStream_t s) {
     if (bytes == 0) return cudaSuccess;
     const range r[] = {{src, bytes, false}, {dst, bytes, true}};
-    w().launch(s, r, "cudaMemcpyAsync", [=] { std::memcpy(dst, src, bytes); });
-    return cudaSuccess;
+    return w().launch(s, r, "cudaMemcpyAsync", [=] { std::memcpy(dst, src, bytes); });
   }
   static cudaError_t get_device(int* d) { return w().get_device(d); }
   static cudaError_t set_device(int d) { return w().set_device(d); }

@@ -468,6 +468,52 @@ TEST_CASE("device plans on a second device: each call makes the transport's devi
   CHECK(after == std::vector<int>{0, 0});
 }
 
+TEST_CASE("cuda_ipc (simulated): a peer that stops calling makes the device wait time out; the next call throws "
+          "errc::timeout naming it") {
+  sim::world w(31);
+  sim::scope use(w);
+  constexpr int p = 2;
+  constexpr std::size_t n = 3000;
+  const over_ipc make(p);
+  std::vector<std::string> caught(p);
+  on_ranks(w, p, [&](int r) {
+    cudaStream_t s = sim::w().create_stream();
+    void* mem = nullptr;
+    REQUIRE(sim::runtime::malloc(&mem, n * sizeof(float)) == cudaSuccess);
+    auto* d = static_cast<float*>(mem);
+    {
+      cgx::plan_options o;
+      o.native_below_bytes = 0;
+      o.check = cgx::checking::local;  // rank 1 skips a call: collective checks would wait on the host
+      o.timeout_ms = 200;
+      cgx::device_allreduce_plan<float, Q, cgx::comm::scatter_reduce_allgather, sim_ipc> plan{make.make(r), n, o};
+      const auto v = input(r, n, 0);
+      sim::runtime::memcpy_async(d, v.data(), n * sizeof(float), cudaMemcpyHostToDevice, s);
+      plan(d, n, s);  // every rank
+      if (r == 0) {
+        try {
+          // Rank 1 never makes this call: the device waits for it run out of time, and
+          // a later exchange of this call or the next call throws.
+          plan(d, n, s);
+          REQUIRE(sim::runtime::stream_synchronize(s) == cudaSuccess);
+          plan(d, n, s);
+        } catch (const cgx::error& e) {
+          CHECK(e.code() == cgx::errc::timeout);
+          caught[static_cast<std::size_t>(r)] = e.what();
+        }
+      }
+      REQUIRE(sim::runtime::stream_synchronize(s) == cudaSuccess);
+    }
+    REQUIRE(sim::runtime::free(mem) == cudaSuccess);
+  });
+  const auto v = w.violations();
+  INFO("violations:\n" << joined(v));
+  CHECK(v.empty());
+  CAPTURE(caught[0]);
+  CHECK(caught[0].find("for rank 1 to post 'ready' of exchange 3") != std::string::npos);
+  CHECK(caught[0].find("200 ms") != std::string::npos);
+}
+
 TEST_CASE("cuda_ipc on the simulated runtime: a workspace replaced by reserve() and the teardown follow CUDA IPC's order") {
   for (const std::uint64_t seed : {5u, 6u, 7u}) {
     sim::world w(seed);
@@ -915,4 +961,438 @@ TEST_CASE("device reduce-scatter and allgather refuse host buffers and counts ab
   for (const auto& s : what) CHECK_MESSAGE(!s.empty(), "a refused call without a message");
   CHECK(what[0].find("not device") != std::string::npos);
   CHECK(what[1].find("max_count") != std::string::npos);
+}
+
+// ---- CUDA graph capture (issue 36, item 3) ----------------------------------------------
+
+namespace {
+
+/// How the graph scenario calls a plan: `call(d_buf, stream)` is one call; `before(k)`
+/// runs before call k (a layer-wise plan's settings).
+struct plan_calls {
+  std::function<void(float*, cudaStream_t)> call;
+  std::function<void(int)> before = [](int) {};
+};
+
+constexpr int graph_launches = 3;
+constexpr int graph_scenario_calls = 3 + graph_launches;
+
+/// One rank's calls of the graph scenario: call 0 eager on stream s2 (buffer d2), call 1
+/// eager on s (buffer d), then one call captured on s into a graph that is launched
+/// graph_launches times on s (calls 2, 3, 4; the input copied into d before each
+/// launch), then call 5 eager on s2 again: the launches are ordered after eager work on
+/// another stream and before it, by the transport's fence alone. Returns each call's
+/// result; `nodes`: the graph's size.
+std::vector<std::vector<float>> graph_scenario(int r, std::size_t n, const plan_calls& plan, std::size_t* nodes) {
+  cudaStream_t s = sim::w().create_stream(), s2 = sim::w().create_stream();
+  void* mem[2] = {};
+  for (auto& m : mem) REQUIRE(sim::runtime::malloc(&m, n * sizeof(float)) == cudaSuccess);
+  float* d = static_cast<float*>(mem[0]);
+  float* d2 = static_cast<float*>(mem[1]);
+  std::vector<std::vector<float>> out;
+  out.reserve(graph_scenario_calls);
+  // On the way out, also when a check throws: no copy into `out` may still be queued.
+  struct drain {
+    cudaStream_t a, b;
+    ~drain() {
+      cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+      cudaGraph_t g = nullptr;
+      if (sim::runtime::stream_is_capturing(a, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone)
+        (void)sim::w().end_capture(a, &g);
+      (void)sim::runtime::stream_synchronize(a);
+      (void)sim::runtime::stream_synchronize(b);
+    }
+  } drained{s, s2};
+  auto in = [&](int k, float* buf, cudaStream_t st) {
+    out.push_back(input(r, n, k));
+    sim::runtime::memcpy_async(buf, out.back().data(), n * sizeof(float), cudaMemcpyHostToDevice, st);
+  };
+  auto back = [&](float* buf, cudaStream_t st) {
+    sim::runtime::memcpy_async(out.back().data(), buf, n * sizeof(float), cudaMemcpyDeviceToHost, st);
+  };
+  auto eager = [&](int k, float* buf, cudaStream_t st) {
+    plan.before(k);
+    in(k, buf, st);
+    plan.call(buf, st);
+    back(buf, st);
+  };
+  eager(0, d2, s2);
+  eager(1, d, s);
+  plan.before(2);
+  REQUIRE(sim::w().begin_capture(s) == cudaSuccess);
+  plan.call(d, s);
+  cudaGraph_t g = nullptr;
+  REQUIRE(sim::w().end_capture(s, &g) == cudaSuccess);
+  *nodes = sim::w().graph_nodes(g);
+  cudaGraphExec_t x = nullptr;
+  REQUIRE(sim::w().instantiate(&x, g) == cudaSuccess);
+  for (int k = 2; k < 2 + graph_launches; ++k) {
+    in(k, d, s);
+    REQUIRE(sim::w().graph_launch(x, s) == cudaSuccess);
+    back(d, s);
+  }
+  eager(2 + graph_launches, d2, s2);
+  for (cudaStream_t x2 : {s, s2}) REQUIRE(sim::runtime::stream_synchronize(x2) == cudaSuccess);
+  for (void* m : mem) REQUIRE(sim::runtime::free(m) == cudaSuccess);
+  return out;
+}
+
+/// Every rank's results of the graph scenario equal the host plan's eager calls bit for
+/// bit; no unordered access; the graph is not empty.
+void check_graph_results(const sim::world& w, const std::vector<std::vector<std::vector<float>>>& got,
+                         const std::vector<std::vector<std::vector<float>>>& want,
+                         const std::vector<std::size_t>& nodes) {
+  const auto v = w.violations();
+  INFO("violations:\n" << joined(v));
+  CHECK(v.empty());
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    CHECK(nodes[r] > 0);
+    REQUIRE(got[r].size() == want[r].size());
+    for (std::size_t c = 0; c < want[r].size(); ++c) {
+      const auto& a = got[r][c];
+      const auto& b = want[r][c];
+      REQUIRE(a.size() == b.size());
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < a.size(); ++i)
+        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) ++bad;
+      CAPTURE(r);
+      CAPTURE(c);
+      CHECK_MESSAGE(bad == 0, bad << " of " << a.size() << " values differ from the host plan's eager call");
+    }
+  }
+}
+
+/// The host plan's results for graph_scenario_calls eager calls (inputs input(r, n, k)).
+template <class HostPlan, class Make>
+std::vector<std::vector<std::vector<float>>> host_eager(int p, std::size_t n, const Make& make_plan,
+                                                        const std::function<void(HostPlan&, int)>& before) {
+  auto g = std::make_shared<gpu_test::thread_group>(p);
+  std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(p));
+  std::vector<std::thread> t;
+  for (int r = 0; r < p; ++r)
+    t.emplace_back([&, r] {
+      auto plan = make_plan(gpu_test::thread_transport(g, r));
+      for (int k = 0; k < graph_scenario_calls; ++k) {
+        before(*plan, k);
+        auto v = input(r, n, k);
+        (*plan)(v.data(), n);
+        out[static_cast<std::size_t>(r)].push_back(std::move(v));
+      }
+    });
+  for (auto& x : t) x.join();
+  return out;
+}
+
+/// A call on a capturing stream that must be refused: throws cgx::error
+/// (invalid_argument) naming the capture, enqueues nothing (the capture ends with an
+/// empty graph), and leaves the buffer as it was.
+template <class Call>
+void check_capture_refused(std::size_t n, int r, Call&& call, const char* what) {
+  CAPTURE(what);
+  cudaStream_t s = sim::w().create_stream();
+  void* mem = nullptr;
+  REQUIRE(sim::runtime::malloc(&mem, n * sizeof(float)) == cudaSuccess);
+  auto* d = static_cast<float*>(mem);
+  const auto v = input(r, n, 0);
+  auto got = v;
+  sim::runtime::memcpy_async(d, v.data(), n * sizeof(float), cudaMemcpyHostToDevice, s);
+  REQUIRE(sim::w().begin_capture(s) == cudaSuccess);
+  bool threw = false;
+  try {
+    call(d, s);
+  } catch (const cgx::error& e) {
+    threw = true;
+    CHECK(e.code() == cgx::errc::invalid_argument);
+    CHECK(std::string(e.what()).find("capturing a CUDA graph") != std::string::npos);
+  }
+  CHECK(threw);
+  cudaGraph_t g = nullptr;
+  REQUIRE(sim::w().end_capture(s, &g) == cudaSuccess);
+  CHECK(sim::w().graph_nodes(g) == 0);
+  std::fill(got.begin(), got.end(), 0.0f);
+  sim::runtime::memcpy_async(got.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost, s);
+  REQUIRE(sim::runtime::stream_synchronize(s) == cudaSuccess);
+  CHECK(std::memcmp(got.data(), v.data(), n * sizeof(float)) == 0);
+  REQUIRE(sim::runtime::free(d) == cudaSuccess);
+}
+
+template <class Make>
+void check_allreduce_refused(const Make& make, int p, std::uint64_t seed) {
+  CAPTURE(p);
+  sim::world w(seed);
+  sim::scope use(w);
+  constexpr std::size_t n = 3000;
+  on_ranks(w, p, [&](int r) {
+    cgx::plan_options o;
+    o.native_below_bytes = 0;
+    o.check = cgx::checking::collective;
+    cgx::device_allreduce_plan<float, Q, cgx::comm::scatter_reduce_allgather, typename Make::type> plan{make.make(r),
+                                                                                                       n, o};
+    check_capture_refused(n, r, [&](float* d, cudaStream_t s) { plan(d, n, s); }, "device_allreduce_plan");
+    cgx::layerwise_options lo;
+    lo.check = cgx::checking::collective;
+    cgx::layerwise_device_plan<float, typename Make::type, LR> lw{make.make(r), model_n, model_layers(), lo};
+    check_capture_refused(model_n, r, [&](float* d, cudaStream_t s) { lw(d, model_n, s); }, "layerwise_device_plan");
+  });
+  const auto v = w.violations();
+  INFO("violations:\n" << joined(v));
+  CHECK(v.empty());
+}
+
+}  // namespace
+
+/// device_allreduce_plan over the transport Make makes, in the graph scenario at 2-4 ranks:
+/// each launch gives the bits of one more eager call of the host plan.
+template <class Make>
+void check_allreduce_graph(unsigned world_seed) {
+  for (const int p : {2, 3, 4})
+    for (const std::uint64_t seed : {1u, 2u}) {
+      CAPTURE(p);
+      CAPTURE(seed);
+      constexpr std::size_t n = 4099;
+      using SRA = cgx::comm::scatter_reduce_allgather;
+      cgx::plan_options o;
+      o.native_below_bytes = 0;
+      using HP = cgx::allreduce_plan<float, Q, SRA, gpu_test::thread_transport>;
+      const auto want = host_eager<HP>(
+          p, n, [&](gpu_test::thread_transport x) { return std::make_unique<HP>(std::move(x), n, o); },
+          [](HP&, int) {});
+      sim::world w(world_seed + seed);
+      sim::scope use(w);
+      const Make make(p);
+      std::vector<std::vector<std::vector<float>>> got(static_cast<std::size_t>(p));
+      std::vector<std::size_t> nodes(static_cast<std::size_t>(p));
+      on_ranks(w, p, [&](int r) {
+        cgx::plan_options oc = o;
+        oc.check = cgx::checking::collective;
+        cgx::device_allreduce_plan<float, Q, SRA, typename Make::type> plan{make.make(r), n, oc};
+        got[static_cast<std::size_t>(r)] = graph_scenario(
+            r, n, plan_calls{[&](float* d, cudaStream_t s) { plan(d, n, s); }}, &nodes[static_cast<std::size_t>(r)]);
+        CHECK(plan.calls() == 4);  // calls made on the host: the captured one once
+        CHECK(plan.captured_calls() == 1);
+      });
+      check_graph_results(w, got, want, nodes);
+    }
+}
+
+#if CGX_SIM_NCCL
+TEST_CASE("device_allreduce_plan over NCCL (simulated) in a CUDA graph: each launch gives the bits of one more eager "
+          "call") {
+  check_allreduce_graph<over_nccl>(700);
+}
+#endif
+
+TEST_CASE("device_allreduce_plan over CUDA IPC (simulated) in a CUDA graph: each launch gives the bits of one more "
+          "eager call; the device waits advance their epochs on every launch") {
+  check_allreduce_graph<over_ipc>(710);
+}
+
+#if CGX_SIM_NCCL
+TEST_CASE("device_allreduce_plan's native path (ncclAllReduce, simulated) in a CUDA graph: the sums of each launch") {
+  constexpr int p = 3;
+  constexpr std::size_t n = 300;  // below the threshold: ncclAllReduce
+  sim::world w(77);
+  sim::scope use(w);
+  const over_nccl make(p);
+  std::vector<std::vector<std::vector<float>>> got(static_cast<std::size_t>(p));
+  std::vector<std::size_t> nodes(static_cast<std::size_t>(p));
+  on_ranks(w, p, [&](int r) {
+    cgx::plan_options o;
+    o.native_below_bytes = 1 << 20;
+    cgx::device_allreduce_plan<float, Q, cgx::comm::scatter_reduce_allgather, sim_nccl> plan{make.make(r), n, o};
+    got[static_cast<std::size_t>(r)] = graph_scenario(
+        r, n, plan_calls{[&](float* d, cudaStream_t s) { plan(d, n, s); }}, &nodes[static_cast<std::size_t>(r)]);
+    CHECK(plan.calls() == 0);  // native calls draw no random bits
+  });
+  // The simulated ncclAllReduce sums in rank order.
+  std::vector<std::vector<std::vector<float>>> want(static_cast<std::size_t>(p));
+  for (int k = 0; k < graph_scenario_calls; ++k) {
+    std::vector<float> sum(n, 0.0f);
+    for (int r = 0; r < p; ++r) {
+      const auto v = input(r, n, k);
+      for (std::size_t i = 0; i < n; ++i) sum[i] += v[i];
+    }
+    for (auto& x : want) x.push_back(sum);
+  }
+  check_graph_results(w, got, want, nodes);
+}
+
+#endif  // CGX_SIM_NCCL
+
+/// layerwise_device_plan over the transport Make makes, in the graph scenario: each
+/// launch gives the bits of one more eager call of the host plan, with the settings of the
+/// capture.
+template <class Make>
+void check_layerwise_graph(unsigned world_seed) {
+  for (const int p : {2, 4}) {
+    CAPTURE(p);
+    // Settings A for calls 0 and 5, B for 1 to 4 (the graph holds B).
+    auto settings = [](int k) { return settings_of(model_layers(), k == 0 || k == 5 ? 0 : 1); };
+    using HP = cgx::layerwise_plan<float, gpu_test::thread_transport, LR>;
+    const auto want = host_eager<HP>(
+        p, model_n,
+        [&](gpu_test::thread_transport x) { return std::make_unique<HP>(std::move(x), model_n, model_layers()); },
+        [&](HP& plan, int k) { plan.set_settings(settings(k)); });
+    sim::world w(world_seed + static_cast<unsigned>(p));
+    sim::scope use(w);
+    const Make make(p);
+    std::vector<std::vector<std::vector<float>>> got(static_cast<std::size_t>(p));
+    std::vector<std::size_t> nodes(static_cast<std::size_t>(p));
+    on_ranks(w, p, [&](int r) {
+      cgx::layerwise_options o;
+      o.check = cgx::checking::collective;
+      cgx::layerwise_device_plan<float, typename Make::type, LR> plan{make.make(r), model_n, model_layers(), o};
+      got[static_cast<std::size_t>(r)] =
+          graph_scenario(r, model_n,
+                         plan_calls{[&](float* d, cudaStream_t s) { plan(d, model_n, s); },
+                                    [&](int k) { plan.set_settings(settings(k)); }},
+                         &nodes[static_cast<std::size_t>(r)]);
+      CHECK(plan.captured_calls() == 1);
+      // The device advances the counter now: the host cannot set it.
+      CHECK_THROWS_AS(plan.set_calls(0), cgx::error);
+    });
+    check_graph_results(w, got, want, nodes);
+  }
+}
+
+#if CGX_SIM_NCCL
+TEST_CASE("layerwise_device_plan over NCCL (simulated) in a CUDA graph: each launch gives the bits of one more eager "
+          "call, with the settings of the capture") {
+  check_layerwise_graph<over_nccl>(800);
+}
+#endif
+
+TEST_CASE("layerwise_device_plan over CUDA IPC (simulated) in a CUDA graph: each launch gives the bits of one more "
+          "eager call, with the settings of the capture") {
+  check_layerwise_graph<over_ipc>(820);
+}
+
+#if CGX_SIM_NCCL
+TEST_CASE("device reduce-scatter and allgather over NCCL (simulated) refuse a capturing stream, buffers untouched") {
+  constexpr int p = 2;
+  constexpr std::size_t n = 2000;
+  sim::world w(91);
+  sim::scope use(w);
+  const over_nccl make(p);
+  on_ranks(w, p, [&](int r) {
+    cgx::device_reduce_scatter_plan<float, Q, sim_nccl> rs{make.make(r), n};
+    check_capture_refused(n, r, [&](float* d, cudaStream_t s) { rs(d, n, s); }, "device_reduce_scatter_plan");
+    cgx::device_allgather_plan<float, Q, sim_nccl> ag{make.make(r), n / p};
+    check_capture_refused(n, r, [&](float* d, cudaStream_t s) { ag(d + static_cast<std::size_t>(r) * (n / p), n / p, d, s); },
+                          "device_allgather_plan");
+  });
+  const auto v = w.violations();
+  INFO("violations:\n" << joined(v));
+  CHECK(v.empty());
+}
+#endif  // CGX_SIM_NCCL
+
+TEST_CASE("device plans over a host transport (mpi_device's code) refuse a capturing stream with cgx::error, buffer "
+          "untouched, on every rank") {
+  for (const int p : {1, 2, 3}) {
+    check_allreduce_refused(over_host(p, false), p, 63u + static_cast<unsigned>(p));
+    check_allreduce_refused(over_host(p, true), p, 66u + static_cast<unsigned>(p));
+  }
+}
+
+TEST_CASE("a rank that captures alone is refused, and its peer, not capturing, gets an error instead of a hang") {
+  sim::world w(5);
+  sim::scope use(w);
+  constexpr int p = 2;
+  constexpr std::size_t n = 3000;
+  const over_host make(p, false);
+  on_ranks(w, p, [&](int r) {
+    cgx::plan_options o;
+    o.native_below_bytes = 0;
+    o.check = cgx::checking::collective;
+    cgx::device_allreduce_plan<float, Q, cgx::comm::scatter_reduce_allgather, sim_host_device> plan{make.make(r), n,
+                                                                                                   o};
+    if (r == 0) {
+      check_capture_refused(n, r, [&](float* d, cudaStream_t s) { plan(d, n, s); }, "capturing rank");
+    } else {
+      cudaStream_t s = sim::w().create_stream();
+      void* mem = nullptr;
+      REQUIRE(sim::runtime::malloc(&mem, n * sizeof(float)) == cudaSuccess);
+      try {
+        plan(static_cast<float*>(mem), n, s);
+        FAIL("the peer of a refused rank went on");
+      } catch (const cgx::error& e) {
+        CHECK(e.code() == cgx::errc::invalid_argument);
+        CHECK(std::string(e.what()).find("another rank") != std::string::npos);
+      }
+      REQUIRE(sim::runtime::free(mem) == cudaSuccess);
+    }
+  });
+  CHECK(w.violations().empty());
+}
+
+TEST_CASE("sim capture model: a graph replays its nodes at each launch; what CUDA forbids during a capture is caught") {
+  sim::world w(3);
+  sim::scope use(w);
+  on_ranks(w, 1, [&](int) {
+    cudaStream_t s = sim::w().create_stream();
+    void* mem = nullptr;
+    REQUIRE(sim::runtime::malloc(&mem, sizeof(std::uint32_t)) == cudaSuccess);
+    auto* word = static_cast<std::uint32_t*>(mem);
+    static constexpr std::uint32_t zero = 0;
+    sim::runtime::memcpy_async(word, &zero, sizeof zero, cudaMemcpyHostToDevice, s);
+    // Three launches of a captured increment: three increments, none at capture.
+    REQUIRE(sim::w().begin_capture(s) == cudaSuccess);
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    REQUIRE(sim::runtime::stream_is_capturing(s, &st) == cudaSuccess);
+    CHECK(st == cudaStreamCaptureStatusActive);
+    REQUIRE(sim::runtime::increment_u32(word, s) == cudaSuccess);
+    cudaGraph_t g = nullptr;
+    REQUIRE(sim::w().end_capture(s, &g) == cudaSuccess);
+    cudaGraphExec_t x = nullptr;
+    REQUIRE(sim::w().instantiate(&x, g) == cudaSuccess);
+    std::uint32_t got = 99;
+    sim::runtime::memcpy_async(&got, word, sizeof got, cudaMemcpyDeviceToHost, s);
+    REQUIRE(sim::runtime::stream_synchronize(s) == cudaSuccess);
+    CHECK(got == 0);
+    for (int i = 0; i < 3; ++i) REQUIRE(sim::w().graph_launch(x, s) == cudaSuccess);
+    sim::runtime::memcpy_async(&got, word, sizeof got, cudaMemcpyDeviceToHost, s);
+    REQUIRE(sim::runtime::stream_synchronize(s) == cudaSuccess);
+    CHECK(got == 3);
+    CHECK(sim::w().violations().empty());
+
+    cgx::comm::basic_cuda_event<sim::runtime> outside(cudaEventDisableTiming), inside(cudaEventDisableTiming);
+    REQUIRE(sim::runtime::event_record(outside.get(), s) == cudaSuccess);
+    // Each illegal call fails with CUDA's error, is reported, and invalidates the capture.
+    auto illegal = [&](const char* what, auto&& call, cudaError_t want) {
+      CAPTURE(what);
+      const std::size_t before = sim::w().violations().size();
+      REQUIRE(sim::w().begin_capture(s) == cudaSuccess);
+      CHECK(call() == want);
+      REQUIRE(sim::runtime::stream_is_capturing(s, &st) == cudaSuccess);
+      CHECK(st == cudaStreamCaptureStatusInvalidated);
+      cudaGraph_t bad = nullptr;
+      CHECK(sim::w().end_capture(s, &bad) == cudaErrorStreamCaptureInvalidated);
+      CHECK(bad == nullptr);
+      CHECK(sim::w().violations().size() == before + 1);
+    };
+    void* p2 = nullptr;
+    illegal("cudaMalloc", [&] { return sim::runtime::malloc(&p2, 64); }, cudaErrorStreamCaptureUnsupported);
+    illegal("cudaFree", [&] { return sim::runtime::free(word); }, cudaErrorStreamCaptureUnsupported);
+    illegal("cudaHostAlloc", [&] { return sim::runtime::host_alloc(&p2, 64); }, cudaErrorStreamCaptureUnsupported);
+    illegal("cudaStreamSynchronize", [&] { return sim::runtime::stream_synchronize(s); },
+            cudaErrorStreamCaptureUnsupported);
+    illegal("a plain wait on an event recorded outside the capture",
+            [&] { return sim::runtime::stream_wait_event(s, outside.get()); }, cudaErrorStreamCaptureIsolation);
+    illegal("querying an event recorded inside the capture", [&] {
+      (void)sim::runtime::event_record(inside.get(), s);
+      return sim::runtime::event_query(inside.get());
+    }, cudaErrorStreamCaptureUnsupported);
+    illegal("a copy on the legacy stream",
+            [&] { return sim::runtime::memcpy_async(word, &zero, sizeof zero, cudaMemcpyHostToDevice, nullptr); },
+            cudaErrorStreamCaptureImplicit);
+    // External record and wait nodes are legal, and run at each launch.
+    REQUIRE(sim::w().begin_capture(s) == cudaSuccess);
+    CHECK(sim::runtime::stream_wait_event_with_flags(s, outside.get(), cudaEventWaitExternal) == cudaSuccess);
+    CHECK(sim::runtime::event_record_with_flags(outside.get(), s, cudaEventRecordExternal) == cudaSuccess);
+    REQUIRE(sim::w().end_capture(s, &g) == cudaSuccess);
+    CHECK(sim::w().graph_nodes(g) == 2);
+    REQUIRE(sim::runtime::stream_synchronize(s) == cudaSuccess);
+    REQUIRE(sim::runtime::free(word) == cudaSuccess);
+  });
 }

@@ -83,13 +83,16 @@ class device_reduce_scatter_plan : public device_plan_core<T, Q, X> {
   /// pointer that is not device memory, n above max_count(), or (collective checking)
   /// counts or plan types that differ between ranks; errc::cuda / errc::transport when
   /// CUDA, MPI or NCCL fail; errc::invalid_argument at once when another thread is in a
-  /// call of this plan.
+  /// call of this plan, and before anything is enqueued when `stream` captures a CUDA
+  /// graph (not capturable yet: device_plan.cuh, "CUDA graphs").
   void operator()(T* d_buf, std::size_t n, cudaStream_t stream = nullptr) {
     const detail::call_guard claimed(this->busy_, "device_reduce_scatter_plan");
+    detail::raise_device_failure(this->x_);
     typename core::device_guard on;
     this->on_device(on);
     this->check("device_reduce_scatter_plan", sig_, d_buf == nullptr, n,
-                detail::not_device_memory<typename core::runtime>(d_buf, n), "reduce_scatter_plan");
+                detail::not_device_memory<typename core::runtime>(d_buf, n), "reduce_scatter_plan",
+                core::capture_refusal(core::capturing(stream), false));
     const std::size_t half = (this->calls_ % 2) * schedule_type::workspace_bytes(this->sized_count_, this->x_.size());
     sched_.run(d_buf, n, this->sized_count_, this->x_, this->ws_, this->next_rng(), stream, /*gather=*/false, half);
   }
@@ -131,15 +134,17 @@ class device_allgather_plan : public device_plan_core<T, Q, X> {
   /// count > 0, a pointer that is not device memory, count above max_count(), or
   /// (collective checking) counts or plan types that differ between ranks;
   /// errc::cuda / errc::transport when CUDA, MPI or NCCL fail; errc::invalid_argument
-  /// at once when another thread is in a call of this plan.
+  /// at once when another thread is in a call of this plan, and before anything is
+  /// enqueued when `stream` captures a CUDA graph (not capturable yet).
   void operator()(const T* d_in, std::size_t count, T* d_out, cudaStream_t stream = nullptr) {
     const detail::call_guard claimed(this->busy_, "device_allgather_plan");
+    detail::raise_device_failure(this->x_);
     typename core::device_guard on;
     this->on_device(on);
     using RT = typename core::runtime;
     this->check("device_allgather_plan", sig_, d_in == nullptr || d_out == nullptr, count,
                 detail::not_device_memory<RT>(d_in, count) || detail::not_device_memory<RT>(d_out, count),
-                "allgather_plan");
+                "allgather_plan", core::capture_refusal(core::capturing(stream), false));
     auto& x = this->x_;
     const int p = x.size();
     const int me = x.rank();

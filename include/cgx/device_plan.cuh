@@ -19,18 +19,39 @@
 ///    sees the sum. Do not touch d_buf from other streams until then.
 ///  - Whether the host blocks depends on the transport: comm::mpi blocks until its
 ///    messages are complete (it synchronizes on the copies that feed MPI: on each staged
-///    chunk, or on the whole stream for a CUDA-aware MPI); comm::cuda_ipc blocks in one
-///    barrier of its bootstrap per exchange (SRA: 2, ring: 2 (p - 1), tree: 2 log2 q, + 2
-///    when p is not a power of two q) but never waits for the GPU;
-///    comm::nccl does not block. The native path below the threshold blocks for MPI
+///    chunk, or on the whole stream for a CUDA-aware MPI); comm::cuda_ipc and comm::nccl
+///    do not block (cuda_ipc's ranks meet in device waits, comm/cuda_ipc.cuh). The native path below the threshold blocks for MPI
 ///    (it synchronizes the stream) and not for NCCL.
 ///  - Collective: every rank calls it with the same n, in the same order as its other
 ///    plans' calls.
+///
+/// CUDA graphs. Over a transport that allows it (comm::graph_capture_v: comm::nccl and
+/// comm::cuda_ipc), a device_allreduce_plan or layerwise_device_plan call may be made while `stream`
+/// captures a graph (cudaStreamBeginCapture, torch.cuda.graph): the argument check, the
+/// native-or-compressed choice and the messages are decided at capture, and every launch
+/// of the graph runs the call's kernels and the transport's operations (NCCL calls;
+/// cuda_ipc's post and wait kernels, whose epochs advance on the device). Launching it N times gives
+/// the bits of N eager calls, because the stochastic-rounding call counter is not frozen
+/// at capture: the compress kernels add a device word to it when they run, and each
+/// launch of a captured call increments that word in a kernel node at the call's end
+/// (detail::graph_call_counter). A call captured as call c draws the keys of calls c,
+/// c + 1, ... on successive launches, and the eager calls after them continue the
+/// sequence; eager calls enqueue nothing more than without graphs. The workspace fence
+/// becomes external event nodes, so launches and eager calls on any streams are ordered
+/// as eager calls are. Rules: the graph holds the plan's workspace and the buffer by
+/// address (keep both alive while the graph may be launched); launches of graphs holding
+/// a plan's calls are collective calls of that plan, made in the same order on every
+/// rank; calls() counts calls made on the host (a captured call once). Over comm::mpi,
+/// comm::mpi_device and staged host transports, whose exchanges need the host, a call on a capturing stream throws cgx::error(errc::invalid_argument)
+/// before it enqueues anything (with collective checking on every rank: the others learn
+/// that a rank refused), and the buffer is untouched; device_reduce_scatter_plan and
+/// device_allgather_plan refuse on every transport.
 /// It is a separate class from the host `allreduce_plan` because it needs the CUDA
 /// runtime, which the host headers (.hpp) must not.
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -163,6 +184,80 @@ std::int64_t device_signature(const char* what, std::uint64_t extra) {
 }
 }  // namespace detail
 
+namespace detail {
+/// Throws what transport x's device work reported to the host (comm::cuda_ipc: a device
+/// wait that timed out), before the call makes any CUDA call. The device plans' calls
+/// begin with it.
+template <class DX>
+void raise_device_failure(const DX& x) {
+  if constexpr (requires { x.raise_device_failure(); }) x.raise_device_failure();
+}
+
+/// Why a device plan's call over device transport DX must be refused when its stream is
+/// `capturing` a CUDA graph (nullptr: it need not).
+template <class DX>
+const char* transport_capture_refusal(bool capturing) {
+  if (!capturing || comm::graph_capture_v<DX>) return nullptr;
+  return "the stream is capturing a CUDA graph, and this plan's transport cannot run inside one: comm::mpi, "
+         "comm::mpi_device and staged host transports move the bytes on the host; call the plan outside the "
+         "capture, or use comm::nccl or comm::cuda_ipc";
+}
+
+/// The device half of the call counter of a plan whose calls may be captured into CUDA
+/// graphs (device_allreduce_plan, layerwise_device_plan; see "CUDA graphs" in the file
+/// comment): a 4-byte device word, zero at construction, that every launch of a captured
+/// call increments (one kernel node behind the call's work), and that the compress
+/// kernels add to their counter when they run (rng_state::device_calls). A call whose
+/// host counter is c, made after `captured()` captured calls, gets counter c -
+/// captured(): its kernels draw c - captured() + (launches of captured calls run
+/// before it). Eager calls alone: c, the host plan's. A call captured as call c and
+/// launched three times: c, c + 1, c + 2, as three eager calls; the eager calls after
+/// continue from there. Eager calls enqueue nothing more than without graphs.
+template <class R>
+class graph_call_counter {
+ public:
+  /// Allocates and zeroes the word on the device current now; blocks until it is zero.
+  graph_call_counter() : mem_(sizeof(std::uint32_t)) {
+    static constexpr std::uint32_t zero = 0;
+    comm::detail::cuda_check<R>(R::memcpy_async(mem_.get(), &zero, sizeof zero, cudaMemcpyHostToDevice, nullptr),
+                  "cgx device plan: cudaMemcpyAsync (call counter)");
+    comm::detail::cuda_check<R>(R::stream_synchronize(nullptr), "cgx device plan: cudaStreamSynchronize (call counter)");
+  }
+  /// `rng` (a host plan's state, counter c) for kernels that add the device word.
+  [[nodiscard]] quant::rng_state apply(quant::rng_state rng) const noexcept {
+    rng.counter -= captured_;
+    rng.device_calls = reinterpret_cast<const std::uint32_t*>(mem_.get());
+    return rng;
+  }
+  /// After a captured call's work on `stream` (captured too): the increment, ordered
+  /// after the previous work on the counter and before the next (x's workspace fence).
+  template <class X>
+  void advance(X& x, cudaStream_t stream) {
+    x.prepare_send(stream);
+    comm::detail::cuda_check<R>(R::increment_u32(reinterpret_cast<std::uint32_t*>(mem_.get()), stream),
+                  "cgx device plan: the call counter's increment (kernel launch)");
+    x.fence(stream);
+    ++captured_;
+  }
+  /// Calls captured so far.
+  [[nodiscard]] std::uint32_t captured() const noexcept { return captured_; }
+
+ private:
+  comm::basic_device_memory<R> mem_;
+  std::uint32_t captured_ = 0;
+};
+
+/// A plan's graph_call_counter, held in a base class that the plan lists before the base
+/// holding its transport: bases are destroyed in reverse order, so the counter's memory
+/// is freed after the transport is gone. cudaFree waits for the device's pending work,
+/// and after a failure that work may wait for peers until the transport aborts it
+/// (ncclCommAbort in comm::nccl's destructor): freed first, it would hang.
+template <class R>
+struct graph_counter_holder {
+  std::optional<graph_call_counter<R>> counter_;  ///< made by the plan's constructor on the transport's device
+};
+}  // namespace detail
+
 /// What the device plans (device_allreduce_plan, device_reduce_scatter_plan,
 /// device_allgather_plan) share (public, so that its members appear on their pages): the
 /// transport, the device workspace sized for the largest max_count of any rank, the
@@ -207,6 +302,9 @@ class device_plan_core {
   template <class Bytes>
   device_plan_core(X transport, std::size_t max_count, plan_options opts, Bytes bytes)
       : x_(std::move(transport)), max_count_(max_count), opts_(opts) {
+    // The wait limit of the transport's device waits (comm::cuda_ipc), where it has one.
+    if constexpr (requires { x_.set_wait_limit(std::chrono::milliseconds(1)); })
+      x_.set_wait_limit(std::chrono::milliseconds(opts_.timeout_ms));
     std::array<std::int64_t, 1> most{static_cast<std::int64_t>(max_count)};
     x_.max_all(most);
     sized_count_ = static_cast<std::size_t>(most[0]);
@@ -214,13 +312,30 @@ class device_plan_core {
   }
 
   /// The argument check of a call (check_call): null or host buffers, counts above
-  /// max_count, and (collective checking) counts and plan types that differ. `host_plan`:
-  /// the plan a host buffer needs instead, named in the message.
+  /// max_count, a call that cannot be captured on a capturing stream (`refusal`: why,
+  /// or nullptr), and (collective checking) counts and plan types that differ.
+  /// `host_plan`: the plan a host buffer needs instead, named in the message.
   void check(const char* who, std::int64_t sig, bool null_buffer, std::size_t n, bool not_device,
-             const char* host_plan) {
-    detail::check_call(x_, opts_.check, who, null_buffer, n, max_count_, sig, not_device, [host_plan] {
-      return std::string("the buffer is not device (or managed) memory; use ") + host_plan + " for host buffers";
-    });
+             const char* host_plan, const char* refusal = nullptr) {
+    detail::check_call(x_, opts_.check, who, null_buffer, n, max_count_, sig, not_device || refusal != nullptr,
+                       [host_plan, not_device, refusal] {
+                         if (not_device)
+                           return std::string("the buffer is not device (or managed) memory; use ") + host_plan +
+                                  " for host buffers";
+                         return std::string(refusal);
+                       });
+  }
+
+  /// True when `stream` captures a CUDA graph.
+  static bool capturing(cudaStream_t stream) { return comm::stream_capturing<runtime>(stream, "cgx device plan"); }
+  /// Why a call must be refused when its stream is `capturing` a CUDA graph, or nullptr
+  /// when it is not or the call can be captured (`plan_can`: the plan's own part; the
+  /// transport's is comm::graph_capture_v).
+  static const char* capture_refusal(bool capturing, bool plan_can) {
+    if (capturing && !plan_can)
+      return "the stream is capturing a CUDA graph, and this plan cannot be captured (device_reduce_scatter_plan and "
+             "device_allgather_plan choose their workspace half on the host, per call); call it outside the capture";
+    return detail::transport_capture_refusal<device_transport_type>(capturing);
   }
 
   /// The random state of the next call (the host plans' next_rng()).
@@ -267,7 +382,9 @@ class device_plan_core {
 /// transport: none has single_node(), and the one-node pick of host plans (16 MiB) was
 /// measured for host buffers only. `plan_options::threads` is ignored.
 template <class T, class Q, class R, class X>
-class device_allreduce_plan : public device_plan_core<T, Q, X> {
+class device_allreduce_plan
+    : private detail::graph_counter_holder<comm::runtime_of<comm::device_transport_t<X>>>,  // after the core's transport
+      public device_plan_core<T, Q, X> {
   using core = device_plan_core<T, Q, X>;
   static_assert(detail::device_schedule<R>::exists,
                 "cgx::device_allreduce_plan: R must be a reducer with a device schedule: "
@@ -291,7 +408,11 @@ class device_allreduce_plan : public device_plan_core<T, Q, X> {
   /// has it allocate the device workspace, sized for the largest `max_count` passed by
   /// any rank, on the CUDA device current now.
   device_allreduce_plan(X transport, std::size_t max_count, plan_options opts = {})
-      : core(std::move(transport), max_count, opts, &workspace_bytes) {}
+      : core(std::move(transport), max_count, opts, &workspace_bytes) {
+    typename core::device_guard on;
+    this->on_device(on);
+    this->counter_.emplace();
+  }
 
   /// Sums d_buf[0..n) over all ranks, in place, in `stream` order (see the file comment
   /// for what blocks). Collective: every rank calls it with the same n. Throws
@@ -299,15 +420,21 @@ class device_allreduce_plan : public device_plan_core<T, Q, X> {
   /// device memory, n > max_count(), or (collective checking) counts or plan types that
   /// differ between ranks; errc::cuda / errc::transport when CUDA, MPI or NCCL fail;
   /// errc::invalid_argument at once, before any communication, when another thread is
-  /// in a call of this plan.
+  /// in a call of this plan. While `stream` captures a CUDA graph the call is captured
+  /// (see "CUDA graphs" in the file comment) over a transport that can be
+  /// (comm::graph_capture_v: comm::nccl, comm::cuda_ipc), and refused with errc::invalid_argument, before
+  /// anything is enqueued, over the others.
   void operator()(T* d_buf, std::size_t n, cudaStream_t stream = nullptr) {
     const detail::call_guard claimed(this->busy_, "device_allreduce_plan");
+    detail::raise_device_failure(this->x_);
     // The schedule's kernels go to the transport's device, whatever device is current
     // (one thread may drive plans on several GPUs); the caller's is restored after.
     typename core::device_guard on;
     this->on_device(on);
+    const bool capturing = core::capturing(stream);
+    const char* refusal = core::capture_refusal(capturing, true);
     this->check("device_allreduce_plan", sig_, d_buf == nullptr, n,
-                detail::not_device_memory<typename core::runtime>(d_buf, n), "allreduce_plan");
+                detail::not_device_memory<typename core::runtime>(d_buf, n), "allreduce_plan", refusal);
     auto& x = this->x_;
     if constexpr (requires { x.native_allreduce(d_buf, n, stream); }) {
       if (n * sizeof(T) < native_below_) {
@@ -315,8 +442,13 @@ class device_allreduce_plan : public device_plan_core<T, Q, X> {
         return;
       }
     }
-    sched_.run(d_buf, n, this->sized_count_, x, this->ws_, this->next_rng(), stream);
+    sched_.run(d_buf, n, this->sized_count_, x, this->ws_, this->counter_->apply(this->next_rng()), stream);
+    if (capturing) this->counter_->advance(x, stream);
   }
+
+  /// Calls captured into CUDA graphs so far (each launch of such a graph advances the
+  /// random keys by one call: see "CUDA graphs" in the file comment).
+  std::uint32_t captured_calls() const noexcept { return this->counter_->captured(); }
 
   /// The native-allreduce threshold in use: plan_options::native_below_bytes, or for
   /// auto_threshold the plan's pick at construction (see the class comment).

@@ -86,7 +86,8 @@ device_codec<T> make_device_codec(const layer_setting& s) {
 /// \tparam Rounding  quant::stochastic or quant::nearest
 template <class T, class X, class Rounding = quant::stochastic>
 class layerwise_device_plan
-    : public detail::layerwise_base<layerwise_device_plan<T, X, Rounding>, T,
+    : private detail::graph_counter_holder<comm::runtime_of<comm::device_transport_t<X>>>,  // after the base's transport
+      public detail::layerwise_base<layerwise_device_plan<T, X, Rounding>, T,
                                     comm::device_transport_t<X>, detail::device_codec<T>> {
   static_assert(quant::is_rounding_v<Rounding>,
                 "cgx::layerwise_device_plan: Rounding must be cgx::quant::stochastic or cgx::quant::nearest");
@@ -111,20 +112,51 @@ class layerwise_device_plan
       throw error(errc::invalid_argument, "layerwise_device_plan: error feedback is implemented for host buffers only");
     this->init();
     grow();  // collective: every rank constructs at once
+    std::optional<comm::detail::basic_device_guard<runtime>> on;
+    if constexpr (requires { this->x_.device(); }) on.emplace(this->x_.device());
+    this->counter_.emplace();
   }
 
   /// Sums d_buf[0..n) (device memory) over all ranks, in place, with kernels on
   /// `stream`; the result is ready in stream order. Collective, with the checks of
   /// layerwise_plan (a second thread's concurrent call throws errc::invalid_argument at
-  /// once).
+  /// once). While `stream` captures a CUDA graph the call is captured, as
+  /// device_allreduce_plan's (device_plan.cuh, "CUDA graphs"; the settings in force at
+  /// capture are the graph's), over a transport that can be (comm::nccl, comm::cuda_ipc); it is refused
+  /// with errc::invalid_argument, before anything is enqueued, over the others, and when
+  /// a settings change since the last call needs a larger workspace (allocation is not
+  /// capturable: make one call outside the capture first).
   void operator()(T* d_buf, std::size_t n, cudaStream_t stream = nullptr) {
     const detail::call_guard claimed(this->busy_, "layerwise_device_plan");
+    detail::raise_device_failure(this->x_);
     std::optional<comm::detail::basic_device_guard<runtime>> on;
     if constexpr (requires { this->x_.device(); }) on.emplace(this->x_.device());
-    this->check(d_buf, n);
+    const bool capturing = comm::stream_capturing<runtime>(stream, "layerwise_device_plan");
+    const char* refusal = detail::transport_capture_refusal<device_transport_type>(capturing);
+    if (refusal == nullptr && capturing && need_ > ws_bytes_ && this->x_.size() >= 2)
+      refusal = "the stream is capturing a CUDA graph, and the layer settings changed since the last call need a "
+                "larger workspace, which cannot be allocated inside a capture; make one call outside the capture "
+                "after changing them";
+    this->check(d_buf, n, refusal);
     grow();  // every rank made the same settings change: collective here
-    run(d_buf, this->next_rng(), stream);
+    run(d_buf, this->counter_->apply(this->next_rng()), stream);
+    if (capturing) this->counter_->advance(this->x_, stream);
   }
+
+  /// Sets the call counter (layerwise_plan::set_calls). Throws cgx::error
+  /// (errc::invalid_argument) once a call of the plan was captured into a CUDA graph: the
+  /// launches of the graph advance the counter on the device, where the host cannot set
+  /// it without waiting for them.
+  void set_calls(std::uint32_t c) {
+    if (this->counter_->captured() != 0)
+      throw error(errc::invalid_argument,
+                  "layerwise_device_plan::set_calls: a call of this plan was captured into a CUDA graph; the graph's "
+                  "launches advance the counter on the device, so it can no longer be set");
+    base::set_calls(c);
+  }
+
+  /// Calls captured into CUDA graphs so far (device_allreduce_plan::captured_calls).
+  std::uint32_t captured_calls() const noexcept { return this->counter_->captured(); }
 
   /// Bytes of device workspace held (by the transport).
   std::size_t workspace_size() const noexcept { return ws_bytes_; }

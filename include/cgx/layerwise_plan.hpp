@@ -236,18 +236,23 @@ class layerwise_base {
     return rng;
   }
 
-  void check(const void* buf, std::size_t n) { check(buf, n, sig_); }
+  void check(const void* buf, std::size_t n, const char* refusal = nullptr) { check(buf, n, sig_, refusal); }
   /// The argument check of a call whose operation has signature `sig` (sig_, or sig_
   /// mixed with an operation's tag: ranks in different operations then disagree).
-  void check(const void* buf, std::size_t n, std::int64_t sig) {
-    enum : std::int64_t { null_buffer = 1, wrong_size = 2 };
+  /// `refusal`: why this rank must refuse the call for a reason of its own (the device
+  /// plan's CUDA-graph capture), or nullptr.
+  void check(const void* buf, std::size_t n, std::int64_t sig, const char* refusal = nullptr) {
+    enum : std::int64_t { null_buffer = 1, wrong_size = 2, refused = 4 };
     std::int64_t bad = 0;
     if (buf == nullptr && n > 0) bad |= null_buffer;
     if (n != layout_.size()) bad |= wrong_size;
+    if (refusal != nullptr) bad |= refused;
     auto where = [this] { return "layerwise_plan (rank " + std::to_string(x_.rank()) + "): "; };
     auto local_message = [&]() -> std::string {
       if (bad & null_buffer) return "null buffer with count " + std::to_string(n) + " > 0";
-      return "count " + std::to_string(n) + " differs from the plan's buffer size " + std::to_string(layout_.size());
+      if (bad & wrong_size)
+        return "count " + std::to_string(n) + " differs from the plan's buffer size " + std::to_string(layout_.size());
+      return refusal;
     };
     if (resolve(opts_.check) == checking::local) {
       if (bad != 0) throw error(errc::invalid_argument, where() + local_message());

@@ -39,6 +39,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <span>
 #include <string>
@@ -319,6 +320,83 @@ void check_readme_example() {
 }
 #endif
 
+/// CUDA graphs (issue 36, item 3). Over a transport that can be captured (cuda_ipc, nccl):
+/// a call of plan G captured in a graph and launched `launches` times, then an eager call
+/// of G, give the bits of the eager calls of a twin plan E (same options, same call
+/// sequence, same inputs): the random keys advance on every launch, not frozen at
+/// capture, and the eager calls after the launches continue the sequence. Over comm::mpi
+/// the capture is refused with errc::invalid_argument on every rank, the buffer untouched.
+template <class T, class Q>
+void check_graph(const char* name, std::size_t n) {
+  constexpr int launches = 3;
+  cgx::plan_options opts;
+  opts.native_below_bytes = 0;
+  opts.check = cgx::checking::collective;
+  cgx::device_allreduce_plan<T, Q, R, X> g{make_transport(), n, opts};
+  cgx::device_allreduce_plan<T, Q, R, X> e{make_transport(), n, opts};
+  gpu_test::dev_buf<T> a(n), b(n);
+  cudaStream_t cs = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  std::vector<std::vector<T>> in;
+  for (int k = 0; k < launches + 2; ++k) in.push_back(inputs<T>(rank_, n, 9000 + static_cast<std::uint64_t>(k), false));
+  std::vector<T> got(n), want(n);
+  // Call k of both plans on input k; G's on stream cs (by `run`), E's on stream_.
+  auto compare = [&](int k, const std::function<void()>& run) {
+    CUDA_OK(cudaMemcpyAsync(a.get(), in[static_cast<std::size_t>(k)].data(), n * sizeof(T), cudaMemcpyHostToDevice, cs));
+    run();
+    CUDA_OK(cudaMemcpyAsync(got.data(), a.get(), n * sizeof(T), cudaMemcpyDeviceToHost, cs));
+    CUDA_OK(cudaMemcpyAsync(b.get(), in[static_cast<std::size_t>(k)].data(), n * sizeof(T), cudaMemcpyHostToDevice,
+                            stream_));
+    e(b.get(), n, stream_);
+    CUDA_OK(cudaMemcpyAsync(want.data(), b.get(), n * sizeof(T), cudaMemcpyDeviceToHost, stream_));
+    CUDA_OK(cudaStreamSynchronize(cs));
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) ++differ;
+    CHECK_MSG(differ == 0, ctx(name, n, k) + ": " + std::to_string(differ) + " values differ from the eager call");
+    CHECK_MSG(same_as_rank0(got), ctx(name, n, k) + ": ranks differ");
+  };
+  try {
+    if constexpr (cgx::comm::graph_capture_v<cgx::comm::device_transport_t<X>>) {
+      compare(0, [&] { g(a.get(), n, cs); });  // eager: call 0
+      CUDA_OK(cudaStreamSynchronize(cs));
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      CUDA_OK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+      g(a.get(), n, cs);  // captured as call 1
+      CUDA_OK(cudaStreamEndCapture(cs, &graph));
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int k = 1; k <= launches; ++k) compare(k, [&] { CUDA_OK(cudaGraphLaunch(exec, cs)); });
+      compare(launches + 1, [&] { g(a.get(), n, cs); });  // eager again: the call after the launches
+      CHECK_MSG(g.captured_calls() == 1, ctx(name, n, 0) + ": captured_calls() != 1");
+      CUDA_OK(cudaGraphExecDestroy(exec));
+      CUDA_OK(cudaGraphDestroy(graph));
+    } else {
+      // The transport moves bytes on the host: refused before anything is enqueued.
+      CUDA_OK(cudaMemcpyAsync(a.get(), in[0].data(), n * sizeof(T), cudaMemcpyHostToDevice, cs));
+      CUDA_OK(cudaStreamSynchronize(cs));
+      CUDA_OK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+      bool refused = false;
+      try {
+        g(a.get(), n, cs);
+      } catch (const cgx::error& ex) {
+        refused = ex.code() == cgx::errc::invalid_argument;
+      }
+      cudaGraph_t graph = nullptr;
+      CUDA_OK(cudaStreamEndCapture(cs, &graph));
+      if (graph != nullptr) CUDA_OK(cudaGraphDestroy(graph));
+      CHECK_MSG(refused, ctx(name, n, 0) + ": a capture over a host-driven transport was not refused");
+      CUDA_OK(cudaMemcpyAsync(got.data(), a.get(), n * sizeof(T), cudaMemcpyDeviceToHost, cs));
+      CUDA_OK(cudaStreamSynchronize(cs));
+      CHECK_MSG(std::memcmp(got.data(), in[0].data(), n * sizeof(T)) == 0, ctx(name, n, 0) + ": buffer touched");
+    }
+  } catch (const cgx::error& ex) {
+    CHECK_MSG(false, ctx(name, n, 0) + ": threw " + ex.what());
+  }
+  CUDA_OK(cudaStreamDestroy(cs));
+}
+
 /// The default threshold of a device plan is 64 KiB on every device transport (none
 /// has single_node(): the 16 MiB one-node pick of host plans was measured on host
 /// buffers), also when the plan is given comm::mpi.
@@ -404,6 +482,8 @@ int run_checks(int devices) {
     check_collectives<float, cgx::quant::maxmin<4, 512, stochastic>>("collectives float 4-bit", 100003);
     check_collectives<__half, cgx::quant::maxmin<8, 256, stochastic>>("collectives half 8-bit", 30001);
     check_collectives<__nv_bfloat16, cgx::quant::maxmin<4, 256, nearest>>("collectives bf16 4-bit", 30001);
+    check_graph<float, cgx::quant::maxmin<4, 512, stochastic>>("graph float 4-bit stochastic", 100003);
+    check_graph<__half, cgx::quant::maxmin<2, 256, stochastic>>("graph half 2-bit stochastic", 30001);
     check_errors();
     check_default_threshold();
 #if !CGX_TEST_FORK

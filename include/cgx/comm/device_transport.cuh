@@ -36,6 +36,10 @@
 ///    prepare_send and exchange are then ordered after that work too. No host wait.
 ///  - optionally `native_allreduce(T* d_buf, n, stream)`: the transport's own
 ///    uncompressed sum (MPI_Allreduce, ncclAllReduce), for small messages.
+///  - optionally `static constexpr bool graph_capture = true`: the plans may call it
+///    while the stream captures a CUDA graph (graph_capture_v): everything it enqueues is
+///    capturable, and no call waits on the host for device work or for a peer. The
+///    workspace fence below then becomes external event nodes of the graph.
 ///
 /// Calls on different streams. A plan's calls may come on different streams (s1, then
 /// s2), and the stream order alone does not keep call 2 from writing workspace bytes
@@ -201,6 +205,25 @@ concept device_transport =
       x.max_all(vals);
     };
 
+/// True when a device plan over device transport X may be called while its stream
+/// captures a CUDA graph (X::graph_capture): every call X makes on the stream is
+/// capturable and none waits on the host for device work or for a peer. comm::nccl and
+/// comm::cuda_ipc can; comm::mpi_device and basic_host_device cannot (the host moves the
+/// bytes).
+template <class X>
+inline constexpr bool graph_capture_v = requires {
+  requires X::graph_capture;
+};
+
+/// True when `stream` of runtime R is capturing a CUDA graph (or a capture on it was
+/// invalidated). \throws cgx::error(errc::cuda) when the runtime cannot say.
+template <class R>
+bool stream_capturing(cudaStream_t stream, const char* who) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  detail::cuda_check<R>(R::stream_is_capturing(stream, &st), (std::string(who) + ": cudaStreamIsCapturing").c_str());
+  return st != cudaStreamCaptureStatusNone;
+}
+
 namespace detail {
 /// Allocation policies of `owned_memory`, over runtime R.
 template <class R>
@@ -317,14 +340,23 @@ class basic_workspace_fence {
   explicit basic_workspace_fence(const char* who) : ev_(cudaEventDisableTiming), who_(who) {}
   /// Orders what is enqueued on `stream` next after the last record (any stream). Before
   /// the first record it is a no-op, as cudaStreamWaitEvent on an unrecorded event is.
+  /// While `stream` captures a CUDA graph the wait is an external event-wait node
+  /// (cudaEventWaitExternal): each launch of the graph then waits for the record that is
+  /// the latest when it runs (an eager call's, another graph's or its own previous
+  /// launch's), not for the one that was the latest at capture.
   void order(cudaStream_t stream) const {
-    const cudaError_t e = R::stream_wait_event(stream, ev_.get());
+    const cudaError_t e = capturing(stream)
+                              ? R::stream_wait_event_with_flags(stream, ev_.get(), cudaEventWaitExternal)
+                              : R::stream_wait_event(stream, ev_.get());
     if (e != cudaSuccess)
       detail::cuda_check<R>(e, (std::string(who_) + ": cudaStreamWaitEvent (workspace fence)").c_str());
   }
-  /// Records the fence behind the work enqueued on `stream` so far.
+  /// Records the fence behind the work enqueued on `stream` so far. While `stream`
+  /// captures, an external event-record node (cudaEventRecordExternal): the graph's
+  /// launches record it, so eager calls and other graphs after them are ordered too.
   void record(cudaStream_t stream) {
-    const cudaError_t e = R::event_record(ev_.get(), stream);
+    const cudaError_t e = capturing(stream) ? R::event_record_with_flags(ev_.get(), stream, cudaEventRecordExternal)
+                                            : R::event_record(ev_.get(), stream);
     if (e != cudaSuccess) detail::cuda_check<R>(e, (std::string(who_) + ": cudaEventRecord (workspace fence)").c_str());
   }
   /// True once the work before the last record has completed (or nothing was recorded);
@@ -348,6 +380,8 @@ class basic_workspace_fence {
   [[nodiscard]] cudaEvent_t event() const noexcept { return ev_.get(); }
 
  private:
+  bool capturing(cudaStream_t stream) const { return stream_capturing<R>(stream, who_); }
+
   basic_cuda_event<R> ev_;
   const char* who_ = "cgx";
 };

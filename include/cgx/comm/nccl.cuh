@@ -19,6 +19,9 @@
 /// behind it: nothing waits on the host, the whole reduction is stream-ordered.
 /// `native_allreduce` is ncclAllReduce (float, double, __half, __nv_bfloat16).
 ///
+/// CUDA graphs: the device plans over it may be called while the stream captures a graph
+/// (graph_capture below; device_plan.cuh says how replays advance the random keys).
+///
 /// NCCL needs one GPU per rank: it refuses two ranks of one communicator on one device
 /// ("Duplicate GPU detected"). To test several processes on one GPU use cuda_ipc.
 ///
@@ -155,6 +158,10 @@ class basic_nccl {
  public:
   /// The runtime policy its CUDA calls go through.
   using runtime_type = R;
+  /// A plan may call it while its stream captures a CUDA graph (graph_capture_v): every
+  /// exchange is NCCL calls and kernels on the stream (NCCL supports capture), the fence
+  /// becomes external event nodes, and no call waits on the host.
+  static constexpr bool graph_capture = true;
 
   /// Collective over `source`: a bootstrap (comm::socket_bootstrap, comm::mpi_bootstrap,
   /// comm::any_bootstrap), taken over, or a bootstrap_source such as an MPI_Comm

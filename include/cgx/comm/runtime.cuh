@@ -15,8 +15,10 @@
 ///
 /// A runtime policy R provides, with the CUDA runtime's signatures and error codes:
 /// malloc, free, host_alloc, free_host, pointer_attributes, event_create (with flags),
-/// event_destroy, event_record, event_query, event_synchronize, stream_wait_event,
-/// stream_synchronize, memcpy_async, get_device, set_device, get_last_error,
+/// event_destroy, event_record, event_record_with_flags, event_query, event_synchronize,
+/// stream_wait_event, stream_wait_event_with_flags, stream_synchronize,
+/// stream_is_capturing, memcpy_async, increment_u32 (a one-thread kernel: *p += 1 in
+/// stream order), ipc_post and ipc_wait (comm::cuda_ipc's device synchronization), get_device, set_device, get_last_error,
 /// error_name, error_string, ipc_get_mem_handle, ipc_open_mem_handle,
 /// ipc_close_mem_handle, ipc_get_event_handle, ipc_open_event_handle; and the alias
 /// template `kernels<Q>` (compressed_bytes, compress, decompress, decompress_add, as
@@ -24,6 +26,7 @@
 /// uses them, so a simulated runtime hands out its own objects behind the same types.
 
 #include <cstddef>
+#include <cstdint>
 
 #include <cuda_runtime_api.h>
 
@@ -58,14 +61,38 @@ struct cuda_runtime {
   static cudaError_t event_destroy(cudaEvent_t e) { return cudaEventDestroy(e); }
   /// cudaEventRecord.
   static cudaError_t event_record(cudaEvent_t e, cudaStream_t s) { return cudaEventRecord(e, s); }
+  /// cudaEventRecordWithFlags (cudaEventRecordExternal: a node of a graph being captured).
+  static cudaError_t event_record_with_flags(cudaEvent_t e, cudaStream_t s, unsigned flags) {
+    return cudaEventRecordWithFlags(e, s, flags);
+  }
   /// cudaEventQuery.
   static cudaError_t event_query(cudaEvent_t e) { return cudaEventQuery(e); }
   /// cudaEventSynchronize.
   static cudaError_t event_synchronize(cudaEvent_t e) { return cudaEventSynchronize(e); }
   /// cudaStreamWaitEvent (flags 0).
   static cudaError_t stream_wait_event(cudaStream_t s, cudaEvent_t e) { return cudaStreamWaitEvent(s, e, 0); }
+  /// cudaStreamWaitEvent with `flags` (cudaEventWaitExternal: a node of a graph being captured).
+  static cudaError_t stream_wait_event_with_flags(cudaStream_t s, cudaEvent_t e, unsigned flags) {
+    return cudaStreamWaitEvent(s, e, flags);
+  }
   /// cudaStreamSynchronize.
   static cudaError_t stream_synchronize(cudaStream_t s) { return cudaStreamSynchronize(s); }
+  /// cudaStreamIsCapturing.
+  static cudaError_t stream_is_capturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
+    return cudaStreamIsCapturing(s, status);
+  }
+  /// `*p += 1` on the device, in `stream` order (one thread; a graph node when `stream`
+  /// captures). Defined with the kernels, in quant/maxmin.cuh (nvcc only).
+  static cudaError_t increment_u32(std::uint32_t* p, cudaStream_t stream);
+  /// comm::cuda_ipc's post: word `slot` of synchronization block `sync` written behind the
+  /// work on `stream` (a one-thread kernel). Defined in comm/cuda_ipc.cuh.
+  static cudaError_t ipc_post(std::uint32_t* sync, unsigned slot, cudaStream_t stream);
+  /// comm::cuda_ipc's wait: `stream` waits until word `slot` of each of the `p` blocks in
+  /// the device array `peers` reaches word 0 (the epoch) of `mine`, at most `limit_ns`
+  /// (0: no limit; past it the kernel reports in `fault`, pinned host memory, and traps).
+  /// A one-block kernel. Defined in comm/cuda_ipc.cuh.
+  static cudaError_t ipc_wait(const std::uint32_t* const* peers, int p, const std::uint32_t* mine, unsigned slot,
+                              std::uint64_t limit_ns, void* fault, cudaStream_t stream);
   /// cudaMemcpyAsync.
   static cudaError_t memcpy_async(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
                                   cudaStream_t s) {

@@ -72,6 +72,7 @@
 #pragma nv_diagnostic push
 #pragma nv_diag_suppress 20013
 #endif
+#include "../comm/runtime.cuh"
 #include "../config.hpp"
 #include "../error.hpp"
 #include "maxmin.hpp"
@@ -179,6 +180,10 @@ __global__ void __launch_bounds__(compress_shape<B>::threads)
 
   const unsigned g = threadIdx.x / Shape::group;
   ctx_t ctx{temp, params[g], g, threadIdx.x % Shape::group};
+  // A device plan's call counter, read when the kernel runs (a graph replay's, not the
+  // capture's): rounding.hpp, rng_state::device_calls.
+  if constexpr (std::is_same_v<Rounding, stochastic>)
+    if (rng.device_calls != nullptr) rng.counter += *rng.device_calls;
   const std::size_t nb = wire_layout<Bits, B, M>::buckets(n);
   // Every thread of the block runs the same number of rounds (barriers inside).
   for (std::size_t base = static_cast<std::size_t>(blockIdx.x) * NG; base < nb;
@@ -209,6 +214,9 @@ __global__ void __launch_bounds__(decode_threads) add_kernel(const T* __restrict
     add_value<T>(x, y, i);
   }
 }
+
+/// *p += 1: comm::cuda_runtime::increment_u32 (a device plan's call counter).
+__global__ void increment_u32_kernel(std::uint32_t* p) { *p += 1u; }
 
 /// Throws cgx::error(errc::cuda) when the last launch (or runtime call) failed.
 inline void check_cuda(cudaError_t e, const char* what) {
@@ -473,3 +481,10 @@ struct device<none> {
 };
 
 }  // namespace cgx::quant
+
+namespace cgx::comm {
+inline cudaError_t cuda_runtime::increment_u32(std::uint32_t* p, cudaStream_t stream) {
+  quant::detail::increment_u32_kernel<<<1, 1, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+}  // namespace cgx::comm
