@@ -540,7 +540,7 @@ class world {
     return cudaSuccess;
   }
 
-  cudaError_t ipc_wait(const std::uint32_t* const* peers, int p, const std::uint32_t* mine, unsigned slot,
+  cudaError_t ipc_wait(const std::uint32_t* const* peers, int p, std::uint32_t* mine, unsigned slot,
                        std::uint64_t limit_ns, void* fault, cudaStream_t s) {
     host_lock l(m_);
     const int h = host_of_this_thread();
@@ -1204,7 +1204,7 @@ class world {
     push(st, std::move(o));
   }
   void ipc_wait_on(stream_obj& st, int h, host_lock& l, const std::uint32_t* const* peers, int p,
-                   const std::uint32_t* mine, unsigned slot, std::uint64_t limit_ns, void* fault) {
+                   std::uint32_t* mine, unsigned slot, std::uint64_t limit_ns, void* fault) {
     const std::uint32_t e = ipc_blocks_[mine].epoch;
     const auto limit = limit_ns != 0 ? std::chrono::nanoseconds(limit_ns) : std::chrono::nanoseconds(ipc_enqueue_limit_);
     const auto until = std::chrono::steady_clock::now() + limit;
@@ -1238,10 +1238,11 @@ class world {
       return limit_ns != 0 && std::chrono::steady_clock::now() - **start > std::chrono::nanoseconds(limit_ns);
     };
     o.fn = [passed, blocks, mine, slot, fault] {
+      if (passed() || mine[3] != 0) return;
+      // The first timed-out wait claims word 3 and reports (its __trap is not modelled:
+      // the stream goes on).
+      mine[3] = 1;
       auto* f = static_cast<std::uint32_t*>(fault);  // cgx::comm::detail::ipc_fault's words
-      if (passed() || f[4] != 0) return;
-      // The first timed-out wait's report (its __trap is not modelled: the stream goes on).
-      f[4] = 1;
       for (std::size_t q = 0; q < blocks.size(); ++q)
         if (static_cast<std::int32_t>(blocks[q][slot] - mine[0]) < 0) {
           f[1] = static_cast<std::uint32_t>(q);
@@ -1565,7 +1566,7 @@ struct runtime {
   static cudaError_t ipc_post(std::uint32_t* sync, unsigned slot, cudaStream_t s) {
     return w().ipc_post(sync, slot, s);
   }
-  static cudaError_t ipc_wait(const std::uint32_t* const* peers, int p, const std::uint32_t* mine, unsigned slot,
+  static cudaError_t ipc_wait(const std::uint32_t* const* peers, int p, std::uint32_t* mine, unsigned slot,
                               std::uint64_t limit_ns, void* fault, cudaStream_t s) {
     return w().ipc_wait(peers, p, mine, slot, limit_ns, fault, s);
   }

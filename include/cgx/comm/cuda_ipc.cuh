@@ -86,17 +86,17 @@
 namespace cgx::comm {
 
 namespace detail {
-/// The words of a cuda_ipc synchronization block (see the file comment).
-enum ipc_word : unsigned { ipc_epoch = 0, ipc_ready = 1, ipc_done = 2 };
+/// The words of a cuda_ipc synchronization block (see the file comment); ipc_claim is
+/// taken by the first of this rank's waits that times out (it alone reports).
+enum ipc_word : unsigned { ipc_epoch = 0, ipc_ready = 1, ipc_done = 2, ipc_claim = 3 };
 
 /// Where a device wait of cuda_ipc reports that it ran out of time (pinned host memory,
 /// written by the kernel before it traps, read by the host without a CUDA call).
 struct ipc_fault {
-  std::uint32_t failed;   ///< nonzero once a wait timed out (written last)
-  std::uint32_t peer;     ///< the rank it waited for
-  std::uint32_t epoch;    ///< the epoch it waited for
-  std::uint32_t word;     ///< ipc_ready or ipc_done
-  std::uint32_t claimed;  ///< taken by the first wait that timed out: it alone reports
+  std::uint32_t failed;  ///< nonzero once a wait timed out (written last)
+  std::uint32_t peer;    ///< the rank it waited for
+  std::uint32_t epoch;   ///< the epoch it waited for
+  std::uint32_t word;    ///< ipc_ready or ipc_done
 };
 
 #if defined(__CUDACC__)
@@ -114,9 +114,9 @@ __global__ void ipc_post_kernel(std::uint32_t* sync, unsigned slot) {
 
 /// ipc_wait: thread q waits until peers[q][slot] reaches this rank's epoch (modulo 2^32),
 /// at most limit_ns (0: no limit); past it, it reports in *fault and traps.
-__global__ void ipc_wait_kernel(const std::uint32_t* const* peers, int p, const std::uint32_t* mine, unsigned slot,
+__global__ void ipc_wait_kernel(const std::uint32_t* const* peers, int p, std::uint32_t* mine, unsigned slot,
                                 unsigned long long limit_ns, ipc_fault* fault) {
-  const std::uint32_t e = *static_cast<const volatile std::uint32_t*>(mine + ipc_epoch);
+  const std::uint32_t e = *static_cast<volatile std::uint32_t*>(mine + ipc_epoch);
   for (int q = static_cast<int>(threadIdx.x); q < p; q += static_cast<int>(blockDim.x)) {
     const volatile std::uint32_t* f = peers[q] + slot;
     unsigned long long start = 0;
@@ -126,7 +126,9 @@ __global__ void ipc_wait_kernel(const std::uint32_t* const* peers, int p, const 
         unsigned long long now = 0;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
         if (now - start > limit_ns) {
-          if (atomicCAS_system(&fault->claimed, 0u, 1u) == 0u) {
+          // The claim is a device-memory atomic (this rank's waits are all on its own
+          // device); the report goes to host memory with plain stores.
+          if (atomicCAS(mine + ipc_claim, 0u, 1u) == 0u) {
             volatile ipc_fault* out = fault;
             out->peer = static_cast<std::uint32_t>(q);
             out->epoch = e;
@@ -151,7 +153,7 @@ inline cudaError_t cuda_runtime::ipc_post(std::uint32_t* sync, unsigned slot, cu
   detail::ipc_post_kernel<<<1, 1, 0, stream>>>(sync, slot);
   return cudaGetLastError();
 }
-inline cudaError_t cuda_runtime::ipc_wait(const std::uint32_t* const* peers, int p, const std::uint32_t* mine,
+inline cudaError_t cuda_runtime::ipc_wait(const std::uint32_t* const* peers, int p, std::uint32_t* mine,
                                           unsigned slot, std::uint64_t limit_ns, void* fault, cudaStream_t stream) {
   detail::ipc_wait_kernel<<<1, 32, 0, stream>>>(peers, p, mine, slot, limit_ns,
                                                  static_cast<detail::ipc_fault*>(fault));
@@ -309,7 +311,7 @@ class basic_cuda_ipc {
     // The synchronization block, zeroed before any peer can read it (the allgather of
     // its handle below comes after the host waited for the copy).
     sync_ = basic_device_memory<R>(256);
-    static constexpr std::uint32_t zeros[4] = {0, 0, 0, 0};
+    static constexpr std::uint32_t zeros[4] = {0, 0, 0, 0};  // epoch, ready, done, claim
     detail::cuda_check<R>(R::memcpy_async(sync_.get(), zeros, sizeof zeros, cudaMemcpyHostToDevice, nullptr),
                           "cgx::comm::cuda_ipc: cudaMemcpyAsync (synchronization block)");
     fault_ = basic_pinned_memory<R>(sizeof(detail::ipc_fault));
@@ -395,7 +397,7 @@ class basic_cuda_ipc {
   /// Makes `stream` wait until word `slot` of every peer's block reaches this rank's epoch.
   void wait_all(unsigned slot, cudaStream_t stream) {
     detail::cuda_check<R>(R::ipc_wait(reinterpret_cast<const std::uint32_t* const*>(peer_sync_.get()), size_,
-                                      reinterpret_cast<const std::uint32_t*>(sync_.get()), slot,
+                                      reinterpret_cast<std::uint32_t*>(sync_.get()), slot,
                                       limit_ms_ * 1000000u, fault_.get(), stream),
                           "cgx::comm::cuda_ipc: the wait kernel (launch)");
   }

@@ -89,9 +89,10 @@ struct cuda_runtime {
   static cudaError_t ipc_post(std::uint32_t* sync, unsigned slot, cudaStream_t stream);
   /// comm::cuda_ipc's wait: `stream` waits until word `slot` of each of the `p` blocks in
   /// the device array `peers` reaches word 0 (the epoch) of `mine`, at most `limit_ns`
-  /// (0: no limit; past it the kernel reports in `fault`, pinned host memory, and traps).
+  /// (0: no limit; past it the first such wait claims word 3 of `mine`, reports in
+  /// `fault`, pinned host memory, and every one traps).
   /// A one-block kernel. Defined in comm/cuda_ipc.cuh.
-  static cudaError_t ipc_wait(const std::uint32_t* const* peers, int p, const std::uint32_t* mine, unsigned slot,
+  static cudaError_t ipc_wait(const std::uint32_t* const* peers, int p, std::uint32_t* mine, unsigned slot,
                               std::uint64_t limit_ns, void* fault, cudaStream_t stream);
   /// cudaMemcpyAsync.
   static cudaError_t memcpy_async(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
