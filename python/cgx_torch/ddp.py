@@ -97,7 +97,16 @@ class CGXState:
     and max-min buckets of ``bucket`` values (128, 512, 1024), ``rounding`` "stochastic"
     (unbiased; CGX's) or "nearest". ``error_feedback`` keeps each rank's quantization
     residual (CPU only). ``adaptive`` (True or AdaptiveOptions) re-assigns bits per layer
-    from the reduced gradients every ``interval`` steps. ``comm`` is the group the buckets are reduced over: DDP's
+    from the reduced gradients every ``interval`` steps. Defaults per width (issue 37,
+    measured on a transformer LM with AdamW and SGD, docs/results/lm-adam.md): at 1 and
+    2 bits buckets of 128 and nearest rounding, at 3-8 bits buckets of 1024 and
+    stochastic rounding (``bucket`` and ``rounding`` given explicitly win).
+    ``warmup_steps``: the first steps reduced uncompressed (exact), then ``bits``.
+    ``param_bits``: {parameter: bits} for parameters that get their own width (0:
+    uncompressed), e.g. an LM's embeddings and output layer at low widths (a layer the
+    defaults leave uncompressed stays so; under ``adaptive`` the widths are only the
+    starting ones). Pickling drops ``param_bits`` (parameters are not saved): checkpoint
+    such a state with state_dict() into a state constructed with the same ``param_bits``. ``comm`` is the group the buckets are reduced over: DDP's
     torch.distributed ProcessGroup (cgx over its own send/recv: torchrun, no MPI needed;
     CUDA buckets through a host copy), or an mpi4py intra-communicator holding the same
     processes in the same order (cgx over MPI; CUDA buckets by the device plans). Default:
@@ -123,14 +132,35 @@ class CGXState:
     the saved one.
     """
 
-    def __init__(self, comm=None, bits=4, *, bucket=1024, rounding="stochastic", min_compressed=1024,
-                 error_feedback=False, adaptive=None, check="build", seed=0x63677821, threads=1, overlap=None):
+    def __init__(self, comm=None, bits=4, *, bucket=None, rounding=None, min_compressed=1024,
+                 error_feedback=False, adaptive=None, check="build", seed=0x63677821, threads=1, overlap=None,
+                 warmup_steps=0, param_bits=None):
         """See the class; raises ValueError/TypeError for bad settings or communicator."""
+        self.param_bits = {}  # id(parameter) -> bits (0: uncompressed)
+        for prm, b in (param_bits or {}).items():
+            if not isinstance(prm, torch.Tensor):
+                raise TypeError("cgx_torch: param_bits maps parameters (tensors) to bits")
+            if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b <= 8:
+                raise ValueError(f"cgx_torch: param_bits values must be ints in 0..8 (got {b!r})")
+            self.param_bits[id(prm)] = b
+        self._param_refs = list((param_bits or {}).keys())  # keeps the ids valid
         self._ctor = dict(bits=bits, bucket=bucket, rounding=rounding, min_compressed=min_compressed,
                           error_feedback=error_feedback, adaptive=adaptive, check=check, seed=seed, threads=threads,
-                          overlap=overlap)
+                          overlap=overlap, warmup_steps=warmup_steps)
+        if bucket is None:
+            bucket = default_bucket(bits)
+        if rounding is None:
+            rounding = default_rounding(bits)
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"cgx_torch: warmup_steps must be an int >= 0 (got {warmup_steps!r})")
+        self.warmup_steps = warmup_steps
+        self.steps = 0  # steps begun: reductions of bucket 0 (DDP reduces bucket 0 first in every step)
         self.settings = _core.make_settings(bits, bucket, rounding, min_compressed, error_feedback, adaptive, check,
                                             seed, threads)
+        # warm-up: the same buckets uncompressed (exact sums; the same bits on every rank)
+        self._warm_settings = _core.make_settings(0, self.settings.bucket, self.settings.rounding, min_compressed,
+                                                  False, None, check, seed, threads)
+        self._warm_plans = {}
         self.group = _core.group_of(comm)
         self.comm = self.group.comm if isinstance(self.group, _core.MPIGroup) else self.group.pg
         multiple = self.group.threads_ok()
@@ -154,7 +184,8 @@ class CGXState:
         statistics, error-feedback residuals). Plain Python data: torch.save or pickle."""
         plans = {i: (key, plan.snapshot()) for i, (key, plan) in self.plans.items()}
         plans.update({i: v for i, v in self._pending.items() if i not in plans})
-        return {"version": self.STATE_VERSION, "settings": self.settings, "calls": self.calls, "plans": plans}
+        return {"version": self.STATE_VERSION, "settings": self.settings, "calls": self.calls, "steps": self.steps,
+                "plans": plans}
 
     def load_state_dict(self, sd):
         """Takes over a state_dict() of this rank from a state with the same settings
@@ -167,6 +198,7 @@ class CGXState:
             raise ValueError(f"cgx_torch: the state_dict's settings ({sd['settings']}) differ from this state's "
                              f"({self.settings})")
         self.calls = int(sd["calls"])
+        self.steps = int(sd.get("steps", 0))  # (states saved before the warm-up existed have none)
         self._pending = dict(sd["plans"])
         for i, (key, plan) in list(self.plans.items()):
             self._restore(i, key, plan)
@@ -188,16 +220,33 @@ class CGXState:
         self.__init__(None, **d["ctor"])
         self.load_state_dict(d["state"])
 
-    def plan_for(self, index, buf, layers, work=None):
+    def overrides(self, params):
+        """Per layer of a bucket whose parameters are `params`: its param_bits (None: the
+        state's bits); None when no parameter of the bucket has one."""
+        if not self.param_bits or params is None:
+            return None
+        o = [self.param_bits.get(id(q)) for q in params]
+        return o if any(b is not None for b in o) else None
+
+    def plan_for(self, index, buf, layers, work=None, warm=False, overrides=None):
         """The plan of bucket `index` for this buffer and layout (collective when built);
-        `work`: the tensor it reduces (buf, or buf's float32 copy: _core.staged)."""
-        key = (str(buf.dtype), _core.device_key(buf), buf.numel(), tuple(layers), self.settings)
-        cached = self.plans.get(index)
+        `work`: the tensor it reduces (buf, or buf's float32 copy: _core.staged); `warm`:
+        the uncompressed plan of the warm-up steps."""
+        settings = self._warm_settings if warm else self.settings
+        plans = self._warm_plans if warm else self.plans
+        if overrides is not None and not warm:
+            # uncompressed layers through the one-dimensional flag (always uncompressed in the hook)
+            layers = [(o, c, d or b == 0) for (o, c, d), b in zip(layers, overrides)]
+        else:
+            overrides = None
+        key = (str(buf.dtype), _core.device_key(buf), buf.numel(), tuple(layers), settings,
+               None if overrides is None else tuple(overrides))
+        cached = plans.get(index)
         problem = _core.tensor_problem(buf, True if self.group.stages_cuda else None)
-        if problem is None and self.settings.error_feedback and buf.device.type == "cuda":
+        if problem is None and settings.error_feedback and buf.device.type == "cuda":
             problem = ValueError("cgx_torch: error feedback is implemented for CPU tensors only")
         if cached is not None and cached[0] == key:
-            if self.settings.check == "call":
+            if settings.check == "call":
                 _core.agree(self.group, (index,) + key + (tuple(cached[1].settings()),), problem)
             elif problem is not None:
                 raise problem
@@ -205,28 +254,42 @@ class CGXState:
         # A new layout: DDP rebuilt its buckets (after the first step). Bucket 0 is
         # reduced first in every step, so a new bucket 0 means the old plans are stale.
         if index == 0:
-            self.plans.clear()
-        self.plans.pop(index, None)
-        _core.agree(self.group, (index,) + key + ((None,) if self.settings.check == "call" else ()), problem)
-        plan = _core.new_plan(self.group, buf if work is None else work, layers, self.settings)
-        self.plans[index] = (key, plan)
-        self._restore(index, key, plan)
+            plans.clear()
+        plans.pop(index, None)
+        _core.agree(self.group, (index,) + key + ((None,) if settings.check == "call" else ()), problem)
+        plan = _core.new_plan(self.group, buf if work is None else work, layers, settings)
+        if overrides is not None and any(b for b in overrides if b is not None):
+            # the layers' own widths (every rank the same): set through the plan's snapshot
+            snap = plan.snapshot()
+            snap["settings"] = [(b if b is not None and s0 != 0 else s0, k) for (s0, k), b in
+                                zip(snap["settings"], overrides)]
+            plan.restore(snap)
+        plans[index] = (key, plan)
+        if not warm:
+            self._restore(index, key, plan)
         return plan
 
+    def _active(self):
+        """The plans the current step reduces with (the uncompressed ones in the warm-up)."""
+        return self._warm_plans if self.steps <= self.warmup_steps and self._warm_plans else self.plans
+
     def average_bits(self):
-        """Average bits per value over all buckets' current settings (metadata excluded)."""
-        tot = sum(p.size for _, p in self.plans.values())
-        return sum(p.average_bits * p.size for _, p in self.plans.values()) / tot if tot else 0.0
+        """Average bits per value over all buckets' current settings (metadata excluded;
+        32 or 64 in the warm-up steps)."""
+        plans = self._active().values()
+        tot = sum(p.size for _, p in plans)
+        return sum(p.average_bits * p.size for _, p in plans) / tot if tot else 0.0
 
     def bytes_sent(self):
-        """Bytes this rank sends per step over all buckets, with the current settings."""
-        return sum(p.bytes_sent for _, p in self.plans.values())
+        """Bytes this rank sends per step over all buckets, with the current settings
+        (the warm-up's uncompressed bytes in the warm-up steps)."""
+        return sum(p.bytes_sent for _, p in self._active().values())
 
     def layer_bits(self):
         """{bucket index: [bits of each layer]} (0: uncompressed)."""
         return {i: [b for b, _ in p.settings()] for i, (_, p) in sorted(self.plans.items())}
 
-    def reduce(self, index, buf, layers):
+    def reduce(self, index, buf, layers, overrides=None):
         """Averages `buf` (bucket `index`, laid out as `layers`) over the ranks, in place:
         float32/float64 by its plan, float16/bfloat16 through a float32 copy, complex
         exactly (MPI)."""
@@ -236,8 +299,13 @@ class CGXState:
             self.group.exact_allreduce_(buf)
             self.calls += 1
             return buf.div_(self.group.size)
+        if index == 0:
+            self.steps += 1
+        warm = self.steps <= self.warmup_steps
+        if not warm and self._warm_plans:
+            self._warm_plans.clear()
         work = self._staged(index, buf) if isinstance(buf, torch.Tensor) else buf
-        plan = self.plan_for(index, buf, layers, work)
+        plan = self.plan_for(index, buf, layers, work, warm, overrides)
         plan.run(work)
         work.div_(plan.world)
         self.calls += 1
@@ -272,7 +340,18 @@ class CGXState:
             self._worker.stop()
             self._worker = None
         self.plans.clear()
+        self._warm_plans.clear()
         self._staging.clear()
+
+
+def default_bucket(bits):
+    """The hook's bucket for `bits` when none is given (issue 37, docs/results/lm-adam.md)."""
+    return 128 if 1 <= bits <= 2 else 1024
+
+
+def default_rounding(bits):
+    """The hook's rounding for `bits` when none is given."""
+    return "nearest" if 1 <= bits <= 2 else "stochastic"
 
 
 def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -286,11 +365,12 @@ def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[t
     buf = _bucket_buffer(bucket)
     layers = bucket_layers(buf, _bucket_gradients(bucket))
     index = _bucket_index(bucket)
+    overrides = state.overrides(bucket.parameters()) if state.param_bits and hasattr(bucket, "parameters") else None
     fut = torch.futures.Future(devices=[buf.device]) if buf.device.type == "cuda" else torch.futures.Future()
     if state.overlap and buf.device.type == "cpu":
-        state.submit(lambda: state.reduce(index, buf, layers), fut)
+        state.submit(lambda: state.reduce(index, buf, layers, overrides), fut)
     else:
-        fut.set_result(state.reduce(index, buf, layers))
+        fut.set_result(state.reduce(index, buf, layers, overrides))
     return fut
 
 

@@ -10,8 +10,12 @@
 #   cgx_backend.torchrun2..4  python/tests/test_backend.py: dist.init_process_group("cgx")
 #   train_ddp2.torchrun4      examples/python/train_ddp.py under torchrun, 4 ranks: cgx 4-bit
 #                             within 1 point of fp32, identical parameters
-#   (cgx_torch2.torchrun3 and train_ddp2.torchrun4 run under without_mpi.sh: Open MPI and
-#   MPICH hidden, as on a machine without MPI)
+#   lm_adam2.torchrun4        bench/ddp_lm.py --ci under torchrun, 4 ranks: a small transformer
+#                             LM with AdamW; cgx 4-bit and the hook's 2- and 1-bit defaults
+#                             within the validation-loss tolerances measured for them
+#                             (docs/results/lm-adam.md), identical parameters on every rank
+#   (cgx_torch2.torchrun3, train_ddp2.torchrun4 and lm_adam2.torchrun4 run under
+#   without_mpi.sh: Open MPI and MPICH hidden, as on a machine without MPI)
 #   cgx_torch2.build_cuda     where nvcc is: the CUDA build against PyPI's CUDA torch (device
 #                             plans for sm_90, host code at -O0: compiled, not run), imported
 #                             on this GPU-less machine; build_info must say "device plans:
@@ -48,6 +52,12 @@ add_test(NAME train_ddp2.torchrun4
          COMMAND ${_t2_no_mpi} ${_t2_run} --nproc-per-node 4 ${PROJECT_SOURCE_DIR}/examples/python/train_ddp.py)
 set_tests_properties(train_ddp2.torchrun4 PROPERTIES FIXTURES_REQUIRED cgx_torch2
                      LABELS "python;torch2;example;training" PROCESSORS 4 ENVIRONMENT "${_t2_env}" TIMEOUT 900
+                     FAIL_REGULAR_EXPRESSION "FAILED")
+
+add_test(NAME lm_adam2.torchrun4
+         COMMAND ${_t2_no_mpi} ${_t2_run} --nproc-per-node 4 ${PROJECT_SOURCE_DIR}/bench/ddp_lm.py --ci)
+set_tests_properties(lm_adam2.torchrun4 PROPERTIES FIXTURES_REQUIRED cgx_torch2
+                     LABELS "python;torch2;training" PROCESSORS 4 ENVIRONMENT "${_t2_env}" TIMEOUT 600
                      FAIL_REGULAR_EXPRESSION "FAILED")
 
 find_program(_cgx_t2_nvcc nvcc PATHS /usr/local/cuda/bin NO_CACHE)

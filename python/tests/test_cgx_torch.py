@@ -329,6 +329,50 @@ def ddp_hook_matches_ddp():
 
 
 @test
+def hook_low_bit_defaults_warmup_and_param_bits():
+    """Issue 37: the hook's defaults per width (1-2 bits: buckets of 128, nearest rounding;
+    3-8: 1024, stochastic; explicit settings win), warmup_steps (those steps exact, then
+    compressed) and param_bits (a parameter's own width; 0: uncompressed), the same bits
+    on every rank."""
+    for bits, bucket, rounding in ((1, 128, "nearest"), (2, 128, "nearest"), (3, 1024, "stochastic"),
+                                   (4, 1024, "stochastic"), (8, 1024, "stochastic"), (0, 1024, "stochastic")):
+        s = cgx_torch.CGXState(bits=bits, overlap=False).settings
+        assert (s.bucket, s.rounding) == (bucket, rounding), (bits, s)
+    s = cgx_torch.CGXState(bits=2, bucket=1024, rounding="stochastic", overlap=False).settings
+    assert (s.bucket, s.rounding) == (1024, "stochastic"), s
+    raises(ValueError, lambda: cgx_torch.CGXState(bits=2, warmup_steps=-1), "warmup_steps")
+    raises(ValueError, lambda: cgx_torch.CGXState(bits=2, param_bits={torch.zeros(2): 9}), "param_bits")
+    # warm-up: the first 2 steps are the exact sums (as bits=0), the third is compressed
+    exact = grads_after_step(cgx_torch.CGXState(bits=0))
+    warm_state = cgx_torch.CGXState(bits=2, warmup_steps=2, min_compressed=256)
+    warm = grads_after_step(warm_state)
+    for step in range(3):
+        for x, y in zip(exact[step], warm[step]):
+            assert same_everywhere(y)
+            if step < 2:
+                assert torch.equal(x, y), (step, (x - y).abs().max())
+        if step == 2:
+            assert any(not torch.equal(x, y) for x, y in zip(exact[step], warm[step]))
+    assert warm_state.steps == 3 and warm_state.average_bits() < 32 and not warm_state._warm_plans
+    assert warm_state.state_dict()["steps"] == 3
+    # param_bits: W1 uncompressed, W3 at 8 bits, W2 at the state's 2
+    net = model()
+    m = DDP(net, bucket_cap_mb=0.005)
+    st = cgx_torch.CGXState(bits=2, min_compressed=256, param_bits={net[0].weight: 0, net[4].weight: 8})
+    m.register_comm_hook(st, cgx_torch.cgx_hook)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(3):
+        m.zero_grad()
+        m(torch.randn(16, 48, generator=g)).square().mean().backward()
+        for q in m.parameters():
+            assert same_everywhere(q.grad)
+    flat = sorted(b for v in st.layer_bits().values() for b in v)
+    assert flat == [0] * 6 + [2, 8], st.layer_bits()
+    st.free()
+    warm_state.free()
+
+
+@test
 def hook_half_precision_buckets():
     """The hook's reduction of float16 and bfloat16 buckets (CGXState.reduce, what
     cgx_hook runs): the float32 reduction of the same values, averaged, rounded once (8-bit
