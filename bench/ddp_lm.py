@@ -19,13 +19,14 @@ positions, an untied output layer), the same initial weights in every configurat
 Every configuration sees the same batches (--batch sequences per rank and step).
 
 A configuration is "fp32" (DDP's allreduce, no hook) or a cgx hook setting:
-    <bits>[ef][-k<bucket>][-w<steps>][-n|-s][-m<values>][-e<bits>][-plain]   e.g. 2, 2ef, 1-w60, 2-e0
+    <bits>[ef|noef][-k<bucket>][-w<steps>][-n|-s][-m<values>][-e<bits>][-plain]   e.g. 2, 2ef, 1noef, 2-e0
     adaptive[ef]                                   adaptive bits (2..8, average <= 4)
-"<bits>" alone is cgx_torch.CGXState(bits=<bits>) with the hook's defaults; "ef" adds
-error_feedback=True; -k<bucket>, -w<warmup_steps>, -n (nearest), -s (stochastic),
+"<bits>" alone is cgx_torch.CGXState(bits=<bits>) with the hook's defaults; "ef" / "noef"
+set error_feedback=True / False; -k<bucket>, -w<warmup_steps>, -n (nearest), -s (stochastic),
 -m<min_compressed> override one setting; -e<b> gives the embeddings and the output layer
 (token, position, output weights) b bits through param_bits (0: uncompressed); "-plain"
-is the hook's settings before issue 37: bucket 1024, stochastic rounding.
+is the hook's settings before issue 37: bucket 1024, stochastic rounding (and error
+feedback off unless "ef" says so).
 
 It prints, for each configuration and seed, the validation loss after --steps steps and
 whether every rank ends with identical parameters; with several seeds the mean and the
@@ -54,11 +55,11 @@ import cgx_torch
 # --ci: configurations and, per configuration, the largest validation-loss excess over
 # fp32 (same seed) allowed. Measured over seeds 1-6 of the short form
 # (docs/results/lm-adam-ci-seeds.txt): 4-bit +0.004..+0.009, 2-bit +0.017..+0.023, 1-bit
-# +0.047..+0.061; each tolerance is the worst seed plus about 2.5x the seeds' spread, and
+# +0.059..+0.077; each tolerance is the worst seed plus about 2x the seeds' spread, and
 # well below what the failure it guards against costs in the same form (the hook's
 # settings before issue 37: 2-bit +0.090..+0.107, 1-bit +0.445..+0.469).
-CI_CHECKS = {"4": 0.015, "2": 0.035, "1": 0.08}
-CI_FP32_LEARNS = 2.0  # fp32 must get below this (uniform guessing: ln 32 = 3.47; measured 1.73-1.74)
+CI_CHECKS = {"4": 0.015, "2": 0.035, "1": 0.11}
+CI_FP32_LEARNS = 2.0  # fp32 must get below this (uniform guessing: ln 32 = 3.47; measured 1.73-1.75)
 
 
 # ---------------------------------------------------------------------------- the task
@@ -159,13 +160,14 @@ def hook_kwargs(cfg):
         digits = "".join(c for c in head if c.isdigit())
         kw = {"bits": int(digits)}
         rest = head[len(digits):]
-    if rest == "ef":
-        kw["error_feedback"] = True
+    if rest in ("ef", "noef"):
+        kw["error_feedback"] = rest == "ef"
     elif rest:
         raise SystemExit(f"ddp_lm: bad configuration {cfg!r}")
     for m in mods:
         if m == "plain":
             kw.update(bucket=1024, warmup_steps=0, rounding="stochastic")
+            kw.setdefault("error_feedback", False)
         elif m.startswith("k"):
             kw["bucket"] = int(m[1:])
         elif m.startswith("w"):

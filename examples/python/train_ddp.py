@@ -101,15 +101,34 @@ def param_digest(model):
     return h.hexdigest()
 
 
+def hook_settings(cfg):
+    """CGXState's keywords for a configuration: "adaptive", or "cgx-<b>bit" with the hook's
+    defaults for b bits, "-ef" / "-noef" (error feedback on / off), "-plain" (bucket 1024,
+    stochastic rounding, error feedback off unless "-ef": the defaults before issue 37)."""
+    if cfg == "adaptive":
+        return {"bits": 4, "adaptive": cgx_torch.AdaptiveOptions(min_bits=2, max_bits=8, target_bits=3.5, interval=16)}
+    parts = cfg.split("-")
+    if len(parts) < 2 or parts[0] != "cgx" or not parts[1].endswith("bit") or not parts[1][:-3].isdigit():
+        raise SystemExit(f"train_ddp: unknown configuration {cfg!r}")
+    kw = {"bits": int(parts[1][:-3])}
+    for m in parts[2:]:
+        if m in ("ef", "noef"):
+            kw["error_feedback"] = m == "ef"
+        elif m == "plain":
+            kw.update(bucket=1024, rounding="stochastic")
+            kw.setdefault("error_feedback", False)
+        else:
+            raise SystemExit(f"train_ddp: unknown modifier {m!r} in {cfg!r}")
+    return kw
+
+
 def train(cfg, args, comm, train_set, test_set):
     """Trains one configuration; returns (accuracy %, test loss, ms per step, digests, bits)."""
     rank, p = comm.rank, comm.size
     model = DDP(make_model(), bucket_cap_mb=args.bucket_mb)
     state = None
     if cfg != "fp32":
-        adaptive = cgx_torch.AdaptiveOptions(min_bits=2, max_bits=8, target_bits=3.5, interval=16) \
-            if cfg == "adaptive" else None
-        state = cgx_torch.CGXState(bits=4, adaptive=adaptive)  # the launcher's group
+        state = cgx_torch.CGXState(**hook_settings(cfg))  # the launcher's group
         model.register_comm_hook(state, cgx_torch.cgx_hook)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
@@ -155,7 +174,9 @@ def main():
     ap.add_argument("--test", type=int, default=4096)
     ap.add_argument("--noise", type=float, default=1.0)
     ap.add_argument("--bucket-mb", type=float, default=25, help="DDP bucket_cap_mb")
-    ap.add_argument("--configs", default="fp32,cgx-4bit,adaptive")
+    ap.add_argument("--configs", default="fp32,cgx-4bit,adaptive",
+                    help="fp32, adaptive, cgx-<b>bit[-ef|-noef][-plain] (the hook's defaults for b bits; error "
+                         "feedback on/off; bucket 1024 and stochastic rounding)")
     ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args()
 
@@ -167,10 +188,10 @@ def main():
     if rank == 0:
         print(f"train_ddp: {p} ranks, MLP {'-'.join(map(str, DIMS))} ({n_params} parameters), {args.train} training / "
               f"{args.test} held-out samples, {args.epochs} epochs, batch {args.batch} per rank, SGD lr {args.lr} "
-              f"momentum 0.9, DDP over gloo (bucket_cap_mb {args.bucket_mb}); cgx hook: layer-wise plan, bucket 1024, "
-              f"stochastic rounding; adaptive: 2..8 bits, average <= 3.5, re-assigned every 16 steps")
+              f"momentum 0.9, DDP over gloo (bucket_cap_mb {args.bucket_mb}); cgx hook: layer-wise plan, its defaults "
+              f"(3-8 bits: bucket 1024, stochastic rounding; 1-2: bucket 128, nearest; 1: error feedback); adaptive: 2..8 bits, average <= 3.5, re-assigned every 16 steps")
         print(f"cgx_torch: {cgx_torch.build_info()}; torch {torch.__version__}; launched by {comm.launcher}")
-        print(f"{'config':<10} {'test_acc':>9} {'test_loss':>10} {'bits/value':>11} {'step_ms':>9}  same params")
+        print(f"{'config':<17} {'test_acc':>9} {'test_loss':>10} {'bits/value':>11} {'step_ms':>9}  same params")
     results = {}
     ok = True
     for cfg in args.configs.split(","):
@@ -178,7 +199,7 @@ def main():
         same = len(set(digests)) == 1
         results[cfg] = (acc, same)
         if rank == 0:
-            print(f"{cfg:<10} {acc:8.2f}% {tloss:10.4f} {avg_bits:11.2f} {ms:9.2f}  "
+            print(f"{cfg:<17} {acc:8.2f}% {tloss:10.4f} {avg_bits:11.2f} {ms:9.2f}  "
                   f"{'yes' if same else 'NO: ' + ' '.join(d[:8] for d in digests)}", flush=True)
             if cfg == "adaptive" and final:
                 print(f"           adaptive, final bits per layer (by bucket; 0 = uncompressed): {final}")

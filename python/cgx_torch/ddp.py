@@ -99,8 +99,9 @@ class CGXState:
     residual (CPU only). ``adaptive`` (True or AdaptiveOptions) re-assigns bits per layer
     from the reduced gradients every ``interval`` steps. Defaults per width (issue 37,
     measured on a transformer LM with AdamW and SGD, docs/results/lm-adam.md): at 1 and
-    2 bits buckets of 128 and nearest rounding, at 3-8 bits buckets of 1024 and
-    stochastic rounding (``bucket`` and ``rounding`` given explicitly win).
+    2 bits buckets of 128 and nearest rounding, at 1 bit also error feedback (CPU
+    buckets; CUDA buckets go without, as error feedback is host-only), at 3-8 bits
+    buckets of 1024 and stochastic rounding (settings given explicitly win).
     ``warmup_steps``: the first steps reduced uncompressed (exact), then ``bits``.
     ``param_bits``: {parameter: bits} for parameters that get their own width (0:
     uncompressed), e.g. an LM's embeddings and output layer at low widths (a layer the
@@ -133,7 +134,7 @@ class CGXState:
     """
 
     def __init__(self, comm=None, bits=4, *, bucket=None, rounding=None, min_compressed=1024,
-                 error_feedback=False, adaptive=None, check="build", seed=0x63677821, threads=1, overlap=None,
+                 error_feedback=None, adaptive=None, check="build", seed=0x63677821, threads=1, overlap=None,
                  warmup_steps=0, param_bits=None):
         """See the class; raises ValueError/TypeError for bad settings or communicator."""
         self.param_bits = {}  # id(parameter) -> bits (0: uncompressed)
@@ -151,6 +152,10 @@ class CGXState:
             bucket = default_bucket(bits)
         if rounding is None:
             rounding = default_rounding(bits)
+        # error feedback by default (at 1 bit) only where it is implemented: CPU buckets
+        self._ef_default = error_feedback is None and default_error_feedback(bits)
+        if error_feedback is None:
+            error_feedback = default_error_feedback(bits)
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"cgx_torch: warmup_steps must be an int >= 0 (got {warmup_steps!r})")
         self.warmup_steps = warmup_steps
@@ -160,6 +165,9 @@ class CGXState:
         # warm-up: the same buckets uncompressed (exact sums; the same bits on every rank)
         self._warm_settings = _core.make_settings(0, self.settings.bucket, self.settings.rounding, min_compressed,
                                                   False, None, check, seed, threads)
+        # CUDA buckets where error feedback is on by default only (it is host-only): without it
+        self._device_settings = _core.make_settings(bits, bucket, rounding, min_compressed, False, adaptive, check,
+                                                    seed, threads) if self._ef_default else self.settings
         self._warm_plans = {}
         self.group = _core.group_of(comm)
         self.comm = self.group.comm if isinstance(self.group, _core.MPIGroup) else self.group.pg
@@ -233,6 +241,8 @@ class CGXState:
         `work`: the tensor it reduces (buf, or buf's float32 copy: _core.staged); `warm`:
         the uncompressed plan of the warm-up steps."""
         settings = self._warm_settings if warm else self.settings
+        if not warm and buf.device.type == "cuda":
+            settings = self._device_settings
         plans = self._warm_plans if warm else self.plans
         if overrides is not None and not warm:
             # uncompressed layers through the one-dimensional flag (always uncompressed in the hook)
@@ -352,6 +362,11 @@ def default_bucket(bits):
 def default_rounding(bits):
     """The hook's rounding for `bits` when none is given."""
     return "nearest" if 1 <= bits <= 2 else "stochastic"
+
+
+def default_error_feedback(bits):
+    """Whether the hook keeps error feedback at `bits` when not told (CPU buckets)."""
+    return bits == 1
 
 
 def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -330,16 +330,17 @@ def ddp_hook_matches_ddp():
 
 @test
 def hook_low_bit_defaults_warmup_and_param_bits():
-    """Issue 37: the hook's defaults per width (1-2 bits: buckets of 128, nearest rounding;
-    3-8: 1024, stochastic; explicit settings win), warmup_steps (those steps exact, then
+    """Issue 37: the hook's defaults per width (1-2 bits: buckets of 128, nearest rounding,
+    at 1 bit error feedback; 3-8: 1024, stochastic; explicit settings win), warmup_steps (those steps exact, then
     compressed) and param_bits (a parameter's own width; 0: uncompressed), the same bits
     on every rank."""
-    for bits, bucket, rounding in ((1, 128, "nearest"), (2, 128, "nearest"), (3, 1024, "stochastic"),
-                                   (4, 1024, "stochastic"), (8, 1024, "stochastic"), (0, 1024, "stochastic")):
+    for bits, bucket, rounding, ef in ((1, 128, "nearest", True), (2, 128, "nearest", False),
+                                       (3, 1024, "stochastic", False), (4, 1024, "stochastic", False),
+                                       (8, 1024, "stochastic", False), (0, 1024, "stochastic", False)):
         s = cgx_torch.CGXState(bits=bits, overlap=False).settings
-        assert (s.bucket, s.rounding) == (bucket, rounding), (bits, s)
-    s = cgx_torch.CGXState(bits=2, bucket=1024, rounding="stochastic", overlap=False).settings
-    assert (s.bucket, s.rounding) == (1024, "stochastic"), s
+        assert (s.bucket, s.rounding, s.error_feedback) == (bucket, rounding, ef), (bits, s)
+    s = cgx_torch.CGXState(bits=1, bucket=1024, rounding="stochastic", error_feedback=False, overlap=False).settings
+    assert (s.bucket, s.rounding, s.error_feedback) == (1024, "stochastic", False), s
     raises(ValueError, lambda: cgx_torch.CGXState(bits=2, warmup_steps=-1), "warmup_steps")
     raises(ValueError, lambda: cgx_torch.CGXState(bits=2, param_bits={torch.zeros(2): 9}), "param_bits")
     # warm-up: the first 2 steps are the exact sums (as bits=0), the third is compressed
