@@ -19,12 +19,13 @@ positions, an untied output layer), the same initial weights in every configurat
 Every configuration sees the same batches (--batch sequences per rank and step).
 
 A configuration is "fp32" (DDP's allreduce, no hook) or a cgx hook setting:
-    <bits>[ef|noef][-k<bucket>][-w<steps>][-n|-s][-m<values>][-e<bits>][-plain]   e.g. 2, 2ef, 1noef, 2-e0
+    <bits>[ef|noef][-k<bucket>][-w<steps>][-n|-s][-m<values>][-e<bits>[tpo]][-plain]   e.g. 2, 2ef, 1noef, 2-e0
     adaptive[ef]                                   adaptive bits (2..8, average <= 4)
 "<bits>" alone is cgx_torch.CGXState(bits=<bits>) with the hook's defaults; "ef" / "noef"
 set error_feedback=True / False; -k<bucket>, -w<warmup_steps>, -n (nearest), -s (stochastic),
--m<min_compressed> override one setting; -e<b> gives the embeddings and the output layer
-(token, position, output weights) b bits through param_bits (0: uncompressed); "-plain"
+-m<min_compressed> override one setting; -e<b>[t][p][o] gives the token embedding, the
+position embedding and the output layer (all three unless named) b bits through
+param_bits (0: uncompressed); "-plain"
 is the hook's settings before issue 37: bucket 1024, stochastic rounding (and error
 feedback off unless "ef" says so).
 
@@ -152,7 +153,6 @@ def hook_kwargs(cfg):
         return None
     parts = cfg.split("-")
     head, mods = parts[0], parts[1:]
-    kw = {}
     if head.startswith("adaptive"):
         kw = {"bits": 4, "adaptive": cgx_torch.AdaptiveOptions(target_bits=4.0)}
         rest = head[len("adaptive"):]
