@@ -14,6 +14,8 @@
 #                             LM with AdamW; cgx 4-bit and the hook's 2- and 1-bit defaults
 #                             within the validation-loss tolerances measured for them
 #                             (docs/results/lm-adam.md), identical parameters on every rank
+#   ddp_device2.torchrun2     python/tests/test_ddp_device.py --device cpu: the DDP check that
+#                             scripts/gpu-check runs on CUDA tensors, on CPU ones
 #   (cgx_torch2.torchrun3, train_ddp2.torchrun4 and lm_adam2.torchrun4 run under
 #   without_mpi.sh: Open MPI and MPICH hidden, as on a machine without MPI)
 #   cgx_torch2.build_cuda     where nvcc is: the CUDA build against PyPI's CUDA torch (device
@@ -58,6 +60,14 @@ add_test(NAME lm_adam2.torchrun4
          COMMAND ${_t2_no_mpi} ${_t2_run} --nproc-per-node 4 ${PROJECT_SOURCE_DIR}/bench/ddp_lm.py --ci)
 set_tests_properties(lm_adam2.torchrun4 PROPERTIES FIXTURES_REQUIRED cgx_torch2
                      LABELS "python;torch2;training" PROCESSORS 4 ENVIRONMENT "${_t2_env}" TIMEOUT 600
+                     FAIL_REGULAR_EXPRESSION "FAILED")
+
+# python/tests/test_ddp_device.py, which scripts/gpu-check runs on CUDA tensors on a GPU
+# machine, here on CPU tensors: the script itself is tested on every CI run.
+add_test(NAME ddp_device2.torchrun2
+         COMMAND ${_t2_run} --nproc-per-node 2 ${PROJECT_SOURCE_DIR}/python/tests/test_ddp_device.py --device cpu)
+set_tests_properties(ddp_device2.torchrun2 PROPERTIES FIXTURES_REQUIRED cgx_torch2 LABELS "python;torch2" PROCESSORS 2
+                     ENVIRONMENT "${_t2_env}" TIMEOUT 300 PASS_REGULAR_EXPRESSION "test_ddp_device: OK"
                      FAIL_REGULAR_EXPRESSION "FAILED")
 
 find_program(_cgx_t2_nvcc nvcc PATHS /usr/local/cuda/bin NO_CACHE)
