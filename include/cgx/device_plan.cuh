@@ -229,11 +229,12 @@ class graph_call_counter {
     rng.device_calls = reinterpret_cast<const std::uint32_t*>(mem_.get());
     return rng;
   }
-  /// After a captured call's work on `stream` (captured too): the increment, ordered
-  /// after the previous work on the counter and before the next (x's workspace fence).
+  /// After a captured call's work on `stream` (captured too): the increment, behind that
+  /// work in stream order (the call began by ordering itself after the previous calls'
+  /// work, whatever their streams), and before the next calls' reads (x's workspace
+  /// fence, recorded after it).
   template <class X>
   void advance(X& x, cudaStream_t stream) {
-    x.prepare_send(stream);
     comm::detail::cuda_check<R>(R::increment_u32(reinterpret_cast<std::uint32_t*>(mem_.get()), stream),
                   "cgx device plan: the call counter's increment (kernel launch)");
     x.fence(stream);
