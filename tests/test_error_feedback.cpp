@@ -6,6 +6,7 @@
 // seeds; every tolerance is derived next to its assertion.
 #include <doctest/doctest.h>
 
+#include <cgx/error.hpp>
 #include <cgx/error_feedback.hpp>
 #include <cgx/quant/maxmin.hpp>
 
@@ -15,6 +16,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -332,4 +334,134 @@ TEST_CASE("error feedback: reset, clear, memory; a lossless quantizer leaves no 
   ef.compress<cgx::quant::none>(y.data(), 0, n, raw.data());
   for (std::size_t i = 0; i < n; ++i) CHECK(y[i] == x[i] + e[i]);
   CHECK(nonzero() == 0);
+}
+
+// One error-feedback step with a decay d: the compensated input c = x + d e_old and the
+// bound B of each bucket computed from the decayed residual (error_feedback.hpp).
+template <class Q>
+void decay_formulation(float d) {
+  CAPTURE(Q::bits);
+  CAPTURE(d);
+  const std::size_t n = 3 * bucket + 11;
+  const std::size_t nb = (n + bucket - 1) / bucket;
+  ef_t ef(n, d);
+  CHECK(ef.decay() == double(d));
+  std::vector<std::byte> wire(Q::template compressed_bytes<float>(n));
+  std::mt19937_64 g(777 + Q::bits);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(n), c(n), carried(n);
+  std::vector<double> sum_x(n, 0.0), sum_y(n, 0.0), lost(n, 0.0);
+  std::size_t bad_formula = 0, bad_bound = 0;
+  bool clipped = false;
+  for (int t = 0; t < 300; ++t) {
+    for (std::size_t i = 0; i < n; ++i) x[i] = 0.3f + nd(g);
+    const std::vector<float> old(ef.residual().begin(), ef.residual().end());
+    for (std::size_t i = 0; i < n; ++i) {
+      carried[i] = d * old[i];
+      c[i] = x[i] + carried[i];
+      lost[i] += double(old[i]) - double(carried[i]);  // what the decay drops this call
+    }
+    std::vector<float> y = x;
+    cgx::quant::rng_state rng;
+    rng.counter = static_cast<std::uint32_t>(t);
+    ef.template compress<Q>(y.data(), 0, n, wire.data(), rng);
+    const auto e = ef.residual();
+    for (std::size_t b = 0; b < nb; ++b) {
+      const std::size_t i0 = b * bucket, i1 = std::min(n, i0 + bucket);
+      const float B = clip_bound(x, carried, i0, i1);
+      for (std::size_t i = i0; i < i1; ++i) {
+        if (e[i] != std::clamp(c[i] - y[i], -B, B)) ++bad_formula;
+        if (!(std::abs(e[i]) <= B)) ++bad_bound;
+        clipped = clipped || std::abs(c[i] - y[i]) > B;
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      sum_x[i] += x[i];
+      sum_y[i] += y[i];
+    }
+  }
+  CHECK(bad_formula == 0);
+  CHECK(bad_bound == 0);
+  if (Q::bits >= 2) {
+    // Nearest rounding at 2+ bits never clamps, so the decoded values telescope to the
+    // inputs less the last residual and less what the decay dropped: sum y = sum x - e_T
+    // - sum (1 - d) e_t. Each call's float rounding of c and of the decode is a few ulp
+    // of values of order 5 (x within +-5 sigma, plus the residual): 300 calls, 16 ulp each.
+    CHECK_FALSE(clipped);
+    double worst = 0, dropped = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      worst = std::max(worst, std::abs(sum_y[i] - (sum_x[i] - ef.residual()[i] - lost[i])));
+      dropped = std::max(dropped, std::abs(lost[i]));
+    }
+    CHECK(worst <= 300 * 16 * eps * 8);
+    // The decay drops a share of the residuals when d < 1 (the check above then tests
+    // something a whole residual would not).
+    if (d < 1.0f) CHECK(dropped > 0.1);
+  }
+}
+
+TEST_CASE("error feedback with a decay: c = x + d e, the bound on d e, the leaky sum; d = 0 carries nothing") {
+  using cgx::quant::maxmin;
+  using cgx::quant::nearest;
+  for (const float d : {0.5f, 0.25f, 1.0f}) {
+    decay_formulation<maxmin<1, bucket, nearest>>(d);
+    decay_formulation<maxmin<2, bucket, nearest>>(d);
+    decay_formulation<maxmin<4, bucket, nearest>>(d);
+  }
+
+  // d = 0: every call's bits are those of the encoding of x alone, as a fresh residual
+  // (all zero) gives, at 1 bit (two levels) and at 2 and 4 bits (nearest max-min).
+  const auto zero_decay = [](auto q) {
+    using Q = typename decltype(q)::type;
+    CAPTURE(Q::bits);
+    const std::size_t n = 2 * bucket + 5;
+    ef_t leaky(n, 0.0);
+    std::vector<std::byte> w1(Q::template compressed_bytes<float>(n)), w2(w1.size());
+    std::mt19937_64 g(99);
+    std::normal_distribution<float> nd;
+    std::vector<float> x(n);
+    for (int t = 0; t < 20; ++t) {
+      for (float& v : x) v = nd(g);
+      ef_t fresh(n);
+      std::vector<float> a = x, b = x;
+      leaky.template compress<Q>(a.data(), 0, n, w1.data());
+      fresh.template compress<Q>(b.data(), 0, n, w2.data());
+      CHECK(w1 == w2);
+      CHECK(a == b);
+      CHECK(std::vector<float>(leaky.residual().begin(), leaky.residual().end()) ==
+            std::vector<float>(fresh.residual().begin(), fresh.residual().end()));
+    }
+  };
+  zero_decay(std::type_identity<maxmin<1, bucket, nearest>>{});
+  zero_decay(std::type_identity<maxmin<2, bucket, nearest>>{});
+  zero_decay(std::type_identity<maxmin<4, bucket, nearest>>{});
+
+  // Values sent losslessly get x + d e.
+  {
+    using Q = maxmin<3, bucket, nearest>;
+    const std::size_t n = 600;
+    ef_t ef(n, 0.5);
+    std::vector<std::byte> wire(Q::compressed_bytes<float>(n)), raw(cgx::quant::none::compressed_bytes<float>(n));
+    std::vector<float> x(n);
+    for (std::size_t i = 0; i < n; ++i) x[i] = std::cos(0.3f * float(i)) * float(1 + i % 5);
+    auto y = x;
+    ef.compress<Q>(y.data(), 0, n, wire.data());
+    const std::vector<float> e(ef.residual().begin(), ef.residual().end());
+    CHECK(std::count_if(e.begin(), e.end(), [](float v) { return v != 0.0f; }) > 0);
+    y = x;
+    ef.compress<cgx::quant::none>(y.data(), 0, n, raw.data());
+    for (std::size_t i = 0; i < n; ++i) CHECK(y[i] == x[i] + 0.5f * e[i]);
+  }
+
+  // A decay outside [0, 1] is refused with the library's error.
+  for (const double bad : {-0.25, 1.5, std::numeric_limits<double>::quiet_NaN()}) {
+    CAPTURE(bad);
+    try {
+      ef_t ef(10, bad);
+      FAIL("no error for decay " << bad);
+    } catch (const cgx::error& err) {
+      CHECK(err.code() == cgx::errc::invalid_argument);
+      CHECK(std::string(err.what()).find("decay") != std::string::npos);
+    }
+  }
 }

@@ -500,6 +500,73 @@ TEST_CASE("error feedback with the default plan at 1, 2, 4, 8 bits: same bits, t
   }
 }
 
+TEST_CASE("error feedback with a decay: 0 reduces with nearest rounding's bits, same bits on every rank, mismatch caught") {
+  const int r = world_rank(), p = world_size();
+  const std::vector<layer> ls{{0, 6000, false}, {6000, 40, true}, {6040, 3000, false}};
+  const std::size_t n = 9040;
+  for (int bits : {2, 4}) {
+    CAPTURE(bits);
+    // Decay 0 carries no residual: the bits of the plan with nearest rounding and no error
+    // feedback, call after call (the residual is still kept, and dropped at each call).
+    cgx::layerwise_plan<float, mpi, cgx::quant::nearest> nearest{mpi{MPI_COMM_WORLD}, n, ls, {.defaults = {.bits = bits}}};
+    cgx::layerwise_plan<float, mpi> leaky{
+        mpi{MPI_COMM_WORLD}, n, ls, {.defaults = {.bits = bits}, .error_feedback = true, .error_feedback_decay = 0.0}};
+    cgx::layerwise_plan<float, mpi> whole{mpi{MPI_COMM_WORLD}, n, ls, {.defaults = {.bits = bits}, .error_feedback = true}};
+    cgx::layerwise_plan<float, mpi> half{
+        mpi{MPI_COMM_WORLD}, n, ls, {.defaults = {.bits = bits}, .error_feedback = true, .error_feedback_decay = 0.5}};
+    CHECK(half.feedback().decay() == 0.5);
+    bool differs_whole = false, differs_half = false;
+    for (int c = 0; c < 4; ++c) {
+      const auto x0 = inputs<float>(r, n, 40 + static_cast<std::size_t>(c));
+      auto a = x0, b = x0, w = x0, h = x0;
+      nearest(a.data(), n);
+      leaky(b.data(), n);
+      whole(w.data(), n);
+      half(h.data(), n);
+      CHECK(a == b);
+      CHECK(layers_identical(h, ls));  // same bits on every rank with a decay
+      if (c > 0 && p > 1) {
+        differs_whole = differs_whole || w != a;
+        differs_half = differs_half || (h != a && h != w);
+      }
+    }
+    // From the second call the carried residual changes the bits (this test would not see
+    // a decay that is ignored or that zeroes the residual).
+    if (p > 1) {
+      CHECK(differs_whole);
+      CHECK(differs_half);
+    }
+  }
+  // A decay outside [0, 1] is refused at construction (with or without error feedback).
+  for (const double bad : {-0.5, 1.25, std::numeric_limits<double>::quiet_NaN()}) {
+    CAPTURE(bad);
+    for (const bool ef : {true, false}) {
+      try {
+        cgx::layerwise_plan<float, mpi> plan{mpi{MPI_COMM_WORLD}, n, ls, {.error_feedback = ef, .error_feedback_decay = bad}};
+        FAIL("no error");
+      } catch (const cgx::error& e) {
+        CHECK(e.code() == cgx::errc::invalid_argument);
+      }
+    }
+  }
+  if (p > 1) {
+    // Ranks that set different decays: errc::mismatch on every rank, buffers untouched.
+    cgx::layerwise_plan<float, mpi> plan{
+        mpi{MPI_COMM_WORLD}, n, ls,
+        {.defaults = {.bits = 2}, .error_feedback = true, .error_feedback_decay = r == 0 ? 0.5 : 1.0,
+         .check = cgx::checking::collective}};
+    auto x = inputs<float>(r, n, 3);
+    const auto orig = x;
+    try {
+      plan(x.data(), n);
+      FAIL("no throw");
+    } catch (const cgx::error& e) {
+      CHECK(e.code() == cgx::errc::mismatch);
+    }
+    CHECK(x == orig);
+  }
+}
+
 TEST_CASE("bad input throws cgx::error and leaves the buffer untouched") {
   const int r = world_rank(), p = world_size();
   const auto ls = model_layers();
@@ -599,6 +666,9 @@ TEST_CASE("same bits (issue 17): layerwise_plan with mixed settings, error feedb
     layerwise_checksum<double, mpi, cgx::quant::nearest>("mixed", {}, false);
     layerwise_checksum<float, shm, cgx::quant::stochastic>("mixed", {}, false);
     layerwise_checksum<float, mpi, cgx::quant::stochastic>("error_feedback", ef, false);
+    cgx::layerwise_options ef_half = ef;
+    ef_half.error_feedback_decay = 0.5;
+    layerwise_checksum<float, mpi, cgx::quant::stochastic>("error_feedback_decay", ef_half, false);
     layerwise_checksum<double, mpi, cgx::quant::nearest>("error_feedback", ef, false);
     layerwise_checksum<float, mpi, cgx::quant::stochastic>("adaptive", {}, true);
   });

@@ -24,6 +24,7 @@
 
 #include <array>
 #include <atomic>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -55,6 +56,11 @@ struct layerwise_options {
   /// rounding at 2..8 bits, two levels (the means of either side of the bucket's mean)
   /// at 1 bit; every rank must set the same value (checked with the settings).
   bool error_feedback = false;
+  /// With error feedback: the factor each residual is carried into the next call with,
+  /// in [0, 1] (error_feedback.hpp, "Decay"). 1 (the default) keeps it whole; 0.5 halves
+  /// it every call (what cgx_torch's hook uses at 1 bit: better under Adam). Every rank
+  /// must set the same value (checked with the settings).
+  double error_feedback_decay = 1.0;
   checking check = checking::automatic;  ///< argument checking level (as allreduce_plan's)
   std::uint64_t seed = 0x63677821u;      ///< seed of stochastic rounding
   int threads = 1;                       ///< host threads for (de)compression, per rank
@@ -125,6 +131,9 @@ class layerwise_base {
     h.mix(sizeof(T));
     h.mix(Derived::rounding_id);
     if (opts_.error_feedback) h.mix(0x6566);  // EF encodes with nearest rounding: ranks must agree
+    if (opts_.error_feedback && opts_.error_feedback_decay != 1.0) {  // mixed only then: old signatures stay
+      h.mix(std::bit_cast<std::uint64_t>(opts_.error_feedback_decay));
+    }
     h.mix(layout_.size());
     for (std::size_t i = 0; i < settings_.size(); ++i) {
       h.mix(layout_.layers()[i].offset);
@@ -201,6 +210,9 @@ class layerwise_base {
   layerwise_base(X transport, std::size_t n, std::vector<layer> layers, layerwise_options opts)
       : x_(std::move(transport)), layout_(n, std::move(layers)), opts_(opts) {
     if (opts_.threads < 1) throw error(errc::invalid_argument, "layerwise_plan: threads must be >= 1");
+    if (!(opts_.error_feedback_decay >= 0.0 && opts_.error_feedback_decay <= 1.0))
+      throw error(errc::invalid_argument, "layerwise_plan: error_feedback_decay must be in [0, 1] (got " +
+                                              std::to_string(opts_.error_feedback_decay) + ")");
     detail::configure_transport(x_, opts_.timeout_ms, opts_.verify);
     sized("layerwise_plan", n, x_.size(), [&] {
       check_raw_bytes(n, sizeof(T));
@@ -310,7 +322,7 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
       : base(std::move(transport), n, std::move(layers), opts) {
     if (this->opts_.error_feedback) {
       try {
-        ef_ = error_feedback<T>(n);
+        ef_ = error_feedback<T>(n, this->opts_.error_feedback_decay);
       } catch (const std::bad_alloc&) {
         throw error(errc::workspace, "layerwise_plan: cannot allocate the error-feedback residuals of " +
                                          std::to_string(n) + " values");
