@@ -189,7 +189,7 @@ def main():
         print(f"train_ddp: {p} ranks, MLP {'-'.join(map(str, DIMS))} ({n_params} parameters), {args.train} training / "
               f"{args.test} held-out samples, {args.epochs} epochs, batch {args.batch} per rank, SGD lr {args.lr} "
               f"momentum 0.9, DDP over gloo (bucket_cap_mb {args.bucket_mb}); cgx hook: layer-wise plan, its defaults "
-              f"(3-8 bits: bucket 1024, stochastic rounding; 1-2: bucket 128, nearest; 1: error feedback); adaptive: 2..8 bits, average <= 3.5, re-assigned every 16 steps")
+              f"(3-8 bits: bucket 1024, stochastic rounding; 1-2: bucket 128, nearest; 1: error feedback, its residual halved each step); adaptive: 2..8 bits, average <= 3.5, re-assigned every 16 steps")
         print(f"cgx_torch: {cgx_torch.build_info()}; torch {torch.__version__}; launched by {comm.launcher}")
         print(f"{'config':<17} {'test_acc':>9} {'test_loss':>10} {'bits/value':>11} {'step_ms':>9}  same params")
     results = {}

@@ -62,6 +62,7 @@ class Settings:
     check: str = "build"
     seed: int = 0x63677821
     threads: int = 1
+    ef_decay: float = 1.0
 
     def __post_init__(self):
         """Checks the settings; ValueError/TypeError for values the plans do not take."""
@@ -77,6 +78,9 @@ class Settings:
             raise ValueError(f"cgx_torch: check must be one of {_CHECKS} (got {self.check!r})")
         if not isinstance(self.threads, int) or self.threads < 1:
             raise ValueError(f"cgx_torch: threads must be an int >= 1 (got {self.threads!r})")
+        if isinstance(self.ef_decay, bool) or not isinstance(self.ef_decay, (int, float)) or \
+                not 0.0 <= self.ef_decay <= 1.0:
+            raise ValueError(f"cgx_torch: ef_decay must be a number in [0, 1] (got {self.ef_decay!r})")
         if not 0 <= int(self.seed) < 2**64:
             raise ValueError("cgx_torch: seed must be in [0, 2**64)")
         a = self.adaptive
@@ -96,6 +100,7 @@ class Settings:
         c.min_compressed = self.min_compressed
         c.stochastic = self.rounding == "stochastic"
         c.error_feedback = self.error_feedback
+        c.ef_decay = float(self.ef_decay)
         c.check_each_call = False  # the Python side checks (see _agree)
         c.seed = int(self.seed)
         c.threads = self.threads
@@ -108,7 +113,7 @@ class Settings:
 
 
 def make_settings(bits=4, bucket=1024, rounding="stochastic", min_compressed=1024, error_feedback=False,
-                  adaptive=None, check="build", seed=0x63677821, threads=1) -> Settings:
+                  adaptive=None, check="build", seed=0x63677821, threads=1, ef_decay=1.0) -> Settings:
     """Settings from keyword arguments; ``adaptive=True`` means ``AdaptiveOptions()``."""
     if adaptive is True:
         adaptive = AdaptiveOptions()
@@ -116,7 +121,8 @@ def make_settings(bits=4, bucket=1024, rounding="stochastic", min_compressed=102
         adaptive = None
     elif isinstance(adaptive, dict):
         adaptive = AdaptiveOptions(**adaptive)
-    return Settings(bits, bucket, rounding, min_compressed, error_feedback, adaptive, check, seed, threads)
+    return Settings(bits, bucket, rounding, min_compressed, error_feedback, adaptive, check, seed, threads,
+                    float(ef_decay) if isinstance(ef_decay, int) and not isinstance(ef_decay, bool) else ef_decay)
 
 
 def comm_handle(comm):
@@ -362,7 +368,7 @@ _EXACT = "exact"  # _plans' entry for a key reduced by MPI (EXACT_DTYPES)
 
 
 def allreduce_(tensor, bits=4, *, bucket=1024, rounding="stochastic", min_compressed=1024, error_feedback=False,
-               adaptive=None, average=False, comm=None, check="build", seed=0x63677821, threads=1):
+               adaptive=None, average=False, comm=None, check="build", seed=0x63677821, threads=1, ef_decay=1.0):
     """Sums ``tensor`` over the ranks of ``comm`` in place (a torch.distributed ProcessGroup
     or an mpi4py communicator; default: MPI.COMM_WORLD under mpirun, else
     torch.distributed's default group, as torchrun sets up),
@@ -373,7 +379,8 @@ def allreduce_(tensor, bits=4, *, bucket=1024, rounding="stochastic", min_compre
     ``bucket`` values (128, 512, 1024) and ``rounding`` ("stochastic", unbiased, or
     "nearest"); a tensor of fewer than ``min_compressed`` values goes uncompressed.
     ``error_feedback`` keeps this rank's quantization residual for the next call with
-    the same shape and settings (host only); ``adaptive`` (True or AdaptiveOptions)
+    the same shape and settings (host only), carried into that call multiplied by
+    ``ef_decay`` (in [0, 1]; 1: whole); ``adaptive`` (True or AdaptiveOptions)
     re-picks the bits from the reduced values; ``average`` divides the sum by the number
     of ranks.
 
@@ -391,7 +398,8 @@ def allreduce_(tensor, bits=4, *, bucket=1024, rounding="stochastic", min_compre
     tensor or an average of integers, CGXError (a RuntimeError) for CUDA tensors in a
     build without device plans and for failures inside cgx.
     """
-    s = make_settings(bits, bucket, rounding, min_compressed, error_feedback, adaptive, check, seed, threads)
+    s = make_settings(bits, bucket, rounding, min_compressed, error_feedback, adaptive, check, seed, threads,
+                      ef_decay)
     group = group_of(comm)
     problem = tensor_problem(tensor, True if group.stages_cuda else None)
     if problem is None and error_feedback and tensor.device.type == "cuda":

@@ -510,6 +510,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                      "Stochastic rounding (True, CGX's) or nearest (False).")
       .def_readwrite("error_feedback", &cgx_torch::plan_config::error_feedback,
                      "Keep each rank's quantization residual and add it to the next call (host plans only).")
+      .def_readwrite("ef_decay", &cgx_torch::plan_config::ef_decay,
+                     "Error feedback: the factor the residual is carried into the next call with, in [0, 1].")
       .def_readwrite("check_each_call", &cgx_torch::plan_config::check_each_call,
                      "cgx's collective argument check on every call (one small exchange per call).")
       .def_readwrite("seed", &cgx_torch::plan_config::seed, "Seed of stochastic rounding.")

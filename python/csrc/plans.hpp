@@ -30,6 +30,7 @@ struct plan_config {
   std::size_t min_compressed = 1024;  // layers with fewer values go uncompressed
   bool stochastic = true;             // rounding: stochastic (CGX's) or nearest
   bool error_feedback = false;        // host plans only
+  double ef_decay = 1.0;              // error feedback: residual carried times this, in [0, 1]
   bool check_each_call = false;       // cgx's collective checking on every call
   std::uint64_t seed = 0x63677821u;
   int threads = 1;                    // host threads for (de)compression

@@ -194,6 +194,35 @@ def error_feedback_and_adaptive_run():
 
 
 @test
+def error_feedback_decay():
+    """ef_decay: 0 carries no residual (the bits of nearest rounding without error
+    feedback, call after call), 0.5 differs from the whole residual from the second call,
+    the same bits on every rank; out of [0, 1]: ValueError; ranks that differ: MismatchError."""
+    g = torch.Generator().manual_seed(50 + rank)
+    xs = [torch.randn(6000, generator=g) for _ in range(4)]
+    out = {}
+    for name, kw in (("nearest", dict(rounding="nearest")), ("d0", dict(error_feedback=True, ef_decay=0.0)),
+                     ("d05", dict(error_feedback=True, ef_decay=0.5)), ("d1", dict(error_feedback=True))):
+        out[name] = []
+        for x in xs:
+            t = x.clone()
+            cgx_torch.allreduce_(t, bits=2, bucket=128, **kw)
+            assert same_everywhere(t), name
+            out[name].append(t)
+    for a, b in zip(out["nearest"], out["d0"]):
+        assert torch.equal(a, b)
+    if p > 1:
+        assert any(not torch.equal(a, b) for a, b in zip(out["d05"][1:], out["d1"][1:]))
+        assert any(not torch.equal(a, b) for a, b in zip(out["d05"][1:], out["nearest"][1:]))
+    raises(ValueError, lambda: cgx_torch.allreduce_(torch.ones(4096), error_feedback=True, ef_decay=-0.1), "ef_decay")
+    if p > 1:
+        t = torch.ones(5000)  # a shape no earlier test used: no rank has a cached plan (checked when built)
+        raises(cgx_torch.MismatchError,
+               lambda: cgx_torch.allreduce_(t, bits=2, error_feedback=True, ef_decay=0.5 if rank == 0 else 1.0))
+        assert torch.all(t == 1)
+
+
+@test
 def half_precision_through_float32():
     """float16 and bfloat16: the float32 reduction of the same values, rounded once into
     the dtype (so the float32 bound holds up to that rounding); the same bits on every
@@ -341,6 +370,12 @@ def hook_low_bit_defaults_warmup_and_param_bits():
         assert (s.bucket, s.rounding, s.error_feedback) == (bucket, rounding, ef), (bits, s)
     s = cgx_torch.CGXState(bits=1, bucket=1024, rounding="stochastic", error_feedback=False, overlap=False).settings
     assert (s.bucket, s.rounding, s.error_feedback) == (1024, "stochastic", False), s
+    # the error-feedback decay: 0.5 at 1-2 bits, whole at 3-8 (and 1.0 without error feedback); explicit wins
+    for kw, decay in ((dict(bits=1), 0.5), (dict(bits=2, error_feedback=True), 0.5), (dict(bits=2), 1.0),
+                      (dict(bits=3, error_feedback=True), 1.0), (dict(bits=1, ef_decay=1.0), 1.0),
+                      (dict(bits=4, error_feedback=True, ef_decay=0.25), 0.25)):
+        assert cgx_torch.CGXState(overlap=False, **kw).settings.ef_decay == decay, kw
+    raises(ValueError, lambda: cgx_torch.CGXState(bits=1, ef_decay=1.5), "ef_decay")
     raises(ValueError, lambda: cgx_torch.CGXState(bits=2, warmup_steps=-1), "warmup_steps")
     raises(ValueError, lambda: cgx_torch.CGXState(bits=2, param_bits={torch.zeros(2): 9}), "param_bits")
     # warm-up: the first 2 steps are the exact sums (as bits=0), the third is compressed
