@@ -96,6 +96,10 @@ TEST_CASE("same bits: allreduce_plan, flat reducers") {
     cgx::plan_options two = schedule_always();
     two.threads = 2;
     allreduce<float, Q4s, SRA>("allreduce/sra", make<mpi>, {12345, 100003}, two);
+    // Pieces of more than 1 MiB of values, whose add_requantize blocks prefetch the next
+    // block (at the end of a piece and of the buffer too). Recorded at 5920a8b, before
+    // that prefetch existed.
+    allreduce<float, Q4s, SRA>("allreduce/sra/large", make<mpi>, {(std::size_t{3} << 20) + 4099});
   });
 }
 
