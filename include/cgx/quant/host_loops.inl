@@ -7,14 +7,12 @@
 /// buckets of `bucket` values: wire_layout<Bits, bucket>). The bucket size is an argument,
 /// not a template parameter: the kernels depend on it only through loop bounds, so one
 /// compiled loop per (Bits, Rounding, T, instruction set) serves every bucket size.
-/// While bucket b is encoded, bucket b + ahead is prefetched when it is full and below
-/// `limit` (0: b1): a caller that works through a range in blocks of `ahead` buckets
-/// (add_requantize) pulls its next block in while this one is computed. Prefetching
-/// changes no byte written.
+/// While bucket b is encoded, bucket b + ahead of in is prefetched when it is a full one:
+/// a caller that works through buckets in blocks of `ahead` (add_requantize) pulls its
+/// next block in while this one is computed. Prefetching changes no byte written.
 template <int Bits, class Rounding, class T>
 void compress_buckets(const T* in, std::size_t n, std::size_t bucket, std::byte* out, const rng_state& rng,
-                      std::size_t b0, std::size_t b1, std::size_t ahead = 1, std::size_t limit = 0) {
-  if (limit == 0) limit = b1;
+                      std::size_t b0, std::size_t b1, std::size_t ahead = 1) {
   using M = meta_t<T>;
   auto* codes_base = reinterpret_cast<std::uint8_t*>(out) + detail::meta_bytes<M>(n, bucket);
   const std::size_t bucket_code_bytes = static_cast<std::size_t>(Bits) * (bucket / 8);
@@ -38,7 +36,7 @@ void compress_buckets(const T* in, std::size_t n, std::size_t bucket, std::byte*
       detail::host_encode_bucket<Bits, Rounding, true, false, T, M, true>(x, count, S, 0, p.min, p.inv, codes, rng,
                                                                           gfirst);
     } else if (count == bucket) {
-      const T* next = b + ahead < limit && (b + ahead + 1) * bucket <= n ? x + ahead * bucket : nullptr;
+      const T* next = (b + ahead + 1) * bucket <= n ? x + ahead * bucket : nullptr;
       const M scale = p.scaled ? detail::rescale_factor<M>() : M(1);
       const std::uint32_t j0 = kernels::bucket_encode<Bits, Rounding, M>(x, S, p.min, p.inv, scale, codes, rng, gfirst, next);
       if (j0 < S) {

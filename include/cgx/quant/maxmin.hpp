@@ -80,8 +80,8 @@ struct maxmin {
   /// those three calls, in one pass. It works through buf in blocks of whole buckets of
   /// about 16 KiB, each block added, compressed and decoded while it is in the L1
   /// cache, so buf comes from memory once; while a block is encoded the next one is
-  /// prefetched, so that the memory stream does not wait for the compute (1.2-1.4x the
-  /// speed of the three calls instead of 1.1x, 32 MiB, docs/results/README.md). The owner's last step of a reduction
+  /// prefetched, so that the memory stream does not wait for the compute
+  /// (docs/results/add-requantize-prefetch.txt). The owner's last step of a reduction
   /// (quant::add_requantize). addend and out must not overlap buf.
   template <class T>
   static void add_requantize(const std::byte* addend, T* buf, std::size_t n, std::byte* out, const rng_state& rng = {},
@@ -91,7 +91,7 @@ struct maxmin {
       for (std::size_t b = b0; b < b1; b += block) {
         const std::size_t e = b1 - b < block ? b1 : b + block;
         if (addend != nullptr) simd::decode_buckets<Bits, true, T>(isa, addend, n, BucketSize, buf, b, e);
-        simd::compress_buckets<Bits, Rounding, T>(isa, buf, n, BucketSize, out, rng, b, e, block, b1);
+        simd::compress_buckets<Bits, Rounding, T>(isa, buf, n, BucketSize, out, rng, b, e, block);
         simd::decode_buckets<Bits, false, T>(isa, out, n, BucketSize, buf, b, e);
       }
     });
