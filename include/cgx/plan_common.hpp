@@ -27,6 +27,7 @@
 #include "concepts.hpp"
 #include "detail/checked.hpp"
 #include "error.hpp"
+#include "timeout.hpp"
 #include "comm/header.hpp"
 #include "quant/rounding.hpp"
 
@@ -80,29 +81,6 @@ inline constexpr std::size_t default_native_below_bytes = std::size_t{64} << 10;
 /// 16 MiB every width won over both transports (1.09x-1.74x). The run of the day before
 /// had every width winning from 8 MiB: the crossover moves with the machine.
 inline constexpr std::size_t default_native_below_bytes_one_node = std::size_t{16} << 20;
-
-/// The wait limit a plan gets when its options do not set one: 10 minutes (600,000 ms),
-/// long past any call a real job makes (a 1 GiB allreduce over 1 Gbit/s takes seconds),
-/// short enough that a stalled or lost peer ends as errc::timeout on every rank instead
-/// of a job that waits until someone kills it. The environment variable CGX_TIMEOUT_MS
-/// (milliseconds; 0: no limit) replaces it for a job; a value that is not a number of
-/// milliseconds below 2^32 throws cgx::error(errc::invalid_argument) where options are made.
-inline constexpr std::uint32_t default_timeout_ms_value = 600000;
-
-/// The default wait limit in force: CGX_TIMEOUT_MS when set (read each time options are made), else
-/// default_timeout_ms_value. What plan_options::timeout_ms and layerwise_options::timeout_ms
-/// start as.
-inline std::uint32_t default_timeout_ms() {
-  const char* env = std::getenv("CGX_TIMEOUT_MS");
-  if (env == nullptr || *env == 0) return default_timeout_ms_value;
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long v = std::strtoull(env, &end, 10);
-  if (*env == '-' || *end != 0 || errno != 0 || v > 0xffffffffull)
-    throw error(errc::invalid_argument, std::string("CGX_TIMEOUT_MS='") + env +
-                                            "' is not a wait limit in milliseconds (0 to 4294967295; 0: no limit)");
-  return static_cast<std::uint32_t>(v);
-}
 
 /// Run-time options of a plan.
 struct plan_options {
@@ -192,7 +170,15 @@ void check_call(X& x, checking level, const char* who, bool null_buffer, std::si
     return extra_message();
   };
   if (resolve(level) == checking::local) {
-    if (bad != 0) throw error(errc::invalid_argument, where() + local_message());
+    if (bad != 0) {
+      // The peers do not know: without a word they would wait for this rank until their
+      // limit. Where the transport has a failure channel (comm::mpi, comm::shm) they hear
+      // of the refusal at once and throw errc::peer_failed naming this rank; no data has
+      // moved here, and the plan is failed on every rank, as after any failed call.
+      const std::string msg = where() + local_message() + "; the call was refused on this rank before any data moved";
+      if constexpr (requires { x.abort(errc::invalid_argument, msg); }) x.abort(errc::invalid_argument, msg);
+      throw error(errc::invalid_argument, msg);
+    }
     if constexpr (requires { x.throw_if_failed(); }) x.throw_if_failed();
     return;
   }

@@ -22,11 +22,76 @@
 #include <vector>
 
 #include "../error.hpp"
+#include "../timeout.hpp"
 #include "header.hpp"
 
 namespace cgx::comm {
 
+/// How long a transport's waits may last before it gives up (plan_options::timeout_ms).
+/// Zero: no limit.
+using wait_limit = std::chrono::milliseconds;
+
 namespace detail {
+/// MPI cannot cancel a collective or a communicator duplication: a construction step that
+/// timed out leaves its request with MPI, and with it the memory MPI may still write into
+/// (the new communicator's handle, a reduction's buffer). Both are kept here for the life
+/// of the process, never waited for or freed (a few bytes per timed-out step); a
+/// communicator that such a request creates later is never used or freed either.
+inline void abandon(std::span<MPI_Request> reqs, std::shared_ptr<void> keep) noexcept {
+  struct kept_t {
+    std::mutex lock;
+    std::vector<MPI_Request> reqs;
+    std::vector<std::shared_ptr<void>> memory;
+  };
+  static kept_t* const kept = new kept_t;  // never destroyed: MPI may write into it at exit
+  const std::lock_guard<std::mutex> g(kept->lock);
+  try {
+    for (MPI_Request r : reqs)
+      if (r != MPI_REQUEST_NULL) kept->reqs.push_back(r);
+    if (keep) kept->memory.push_back(std::move(keep));
+  } catch (...) {
+    new std::shared_ptr<void>(std::move(keep));  // out of memory: leak it rather than free what MPI may write
+  }
+}
+
+/// Waits for every request of `reqs` for at most `limit` (zero: no limit; MPI_Waitall).
+/// Returns true when all completed, false when the limit passed first (the rest stay
+/// pending). Throws cgx::error(errc::transport) for an MPI error, naming `what`.
+inline bool wait_bounded(std::span<MPI_Request> reqs, wait_limit limit, const char* what) {
+  if (limit.count() == 0) {
+    const int rc = MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      char msg[MPI_MAX_ERROR_STRING];
+      int len = 0;
+      MPI_Error_string(rc, msg, &len);
+      throw cgx::error(errc::transport, std::string(what) + " failed: " + std::string(msg, static_cast<std::size_t>(len)));
+    }
+    return true;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int idle = 0;;) {
+    int flag = 0;
+    const int rc = MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      char msg[MPI_MAX_ERROR_STRING];
+      int len = 0;
+      MPI_Error_string(rc, msg, &len);
+      throw cgx::error(errc::transport, std::string(what) + " failed: " + std::string(msg, static_cast<std::size_t>(len)));
+    }
+    if (flag) return true;
+    if (std::chrono::steady_clock::now() - t0 > limit) return false;
+    if (++idle > 64) std::this_thread::yield();  // ranks may outnumber cores
+  }
+}
+
+/// "not every rank of the communicator joined WHAT within L ms": a timed-out step of a
+/// transport's construction, where MPI cannot say which rank is missing.
+inline std::string construction_timeout(wait_limit limit, const std::string& what) {
+  return "waited more than " + std::to_string(limit.count()) + " ms (plan_options::timeout_ms, CGX_TIMEOUT_MS) for " +
+         what + ": not every rank of the communicator joined it (a rank is late, skipped the collective "
+         "construction, or died; MPI's communicator duplication and collectives cannot say which)";
+}
+
 inline void check_mpi(int rc, const char* what) {
   if (rc != MPI_SUCCESS) {
     char msg[MPI_MAX_ERROR_STRING];
@@ -73,16 +138,15 @@ inline std::string reported_failure(int origin, errc code, int waited_for) {
     s += "received a corrupt message (plan_options::verify)";
   } else if (code == errc::mismatch) {
     s += "received a message of another count, plan or call (the ranks disagree)";
+  } else if (code == errc::invalid_argument) {
+    s += "refused the call (invalid arguments on that rank: a null buffer, a count above the plan's capacity or a "
+         "bad option; it moved no data)";
   } else {
     s += "failed (it threw)";
   }
   return s;
 }
 }  // namespace detail
-
-/// How long a transport's waits may last before it gives up (plan_options::timeout_ms).
-/// Zero: no limit.
-using wait_limit = std::chrono::milliseconds;
 
 /// Point-to-point transport over a caller-supplied communicator. The constructor
 /// duplicates the communicator (collective: every rank of `comm` must call it), so
@@ -150,10 +214,27 @@ class mpi {
 
   /// Collective over `comm`. Throws cgx::error(errc::communicator) for MPI_COMM_NULL,
   /// an inter-communicator, or when MPI is not initialized.
-  explicit mpi(MPI_Comm comm) : mpi(comm, nodes{-1}) {}
+  ///
+  /// Bounded: the construction's collective steps (two MPI_Comm_idup of `comm`, then an
+  /// MPI_Ibarrier on the duplicate) are polled against `limit` (default:
+  /// default_timeout_ms(), i.e. CGX_TIMEOUT_MS or 10 minutes; zero: no limit), which also
+  /// becomes the transport's wait limit until a plan sets its own (set_wait_limit). A rank
+  /// whose construction passes the limit throws cgx::error(errc::timeout); a rank that
+  /// arrives after its peers gave up fails too (its barrier is never joined), it never
+  /// succeeds alone. What stays MPI's own: the steps cannot be cancelled, so a timed-out
+  /// step is left with MPI for the life of the process (detail::abandon); and MPI cannot
+  /// say which rank did not join a duplication.
+  explicit mpi(MPI_Comm comm) : mpi(comm, nodes{-1}, wait_limit(default_timeout_ms())) {}
+
+  /// As mpi(comm), with the construction bounded by `limit` (zero: no limit).
+  mpi(MPI_Comm comm, wait_limit limit) : mpi(comm, nodes{-1}, limit) {}
 
   /// Collective over `comm`, with the caller's grouping of ranks into nodes.
-  mpi(MPI_Comm comm, nodes grouping) : node_color_(grouping.color) {
+  mpi(MPI_Comm comm, nodes grouping) : mpi(comm, grouping, wait_limit(default_timeout_ms())) {}
+
+  /// Collective over `comm`, with the caller's grouping of ranks into nodes, the
+  /// construction bounded by `limit` (see mpi(comm)).
+  mpi(MPI_Comm comm, nodes grouping, wait_limit limit) : node_color_(grouping.color), limit_(limit) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) throw cgx::error(errc::communicator, "cgx::comm::mpi: MPI is not initialized");
@@ -161,7 +242,27 @@ class mpi {
     int inter = 0;
     detail::check_mpi(MPI_Comm_test_inter(comm, &inter), "MPI_Comm_test_inter");
     if (inter) throw cgx::error(errc::communicator, "cgx::comm::mpi: inter-communicators are not supported");
-    detail::check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
+    // The data communicator and the failure channel's, both duplicated from `comm` without
+    // blocking. MPI writes the new handles when the duplications complete, perhaps after
+    // this constructor gave up: so they live on the heap, and are abandoned with the
+    // requests on a timeout.
+    struct duplicates {
+      MPI_Comm out[2] = {MPI_COMM_NULL, MPI_COMM_NULL};
+      MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    };
+    auto d = std::make_shared<duplicates>();
+    detail::check_mpi(MPI_Comm_idup(comm, &d->out[0], &d->req[0]), "MPI_Comm_idup");
+    const int rc = MPI_Comm_idup(comm, &d->out[1], &d->req[1]);
+    if (rc != MPI_SUCCESS) {
+      detail::abandon(d->req, d);
+      detail::check_mpi(rc, "MPI_Comm_idup");
+    }
+    if (!detail::wait_bounded(d->req, limit_, "MPI_Comm_idup")) {
+      detail::abandon(d->req, d);
+      throw cgx::error(errc::timeout, "cgx::comm::mpi: " + detail::construction_timeout(limit_, "the duplication of "
+                                                                                       "the communicator (MPI_Comm_idup)"));
+    }
+    comm_ = d->out[0];
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
@@ -169,8 +270,20 @@ class mpi {
     fault_ = std::make_shared<fault_channel>();
     fault_->rank = rank_;
     fault_->size = size_;
-    detail::check_mpi(MPI_Comm_dup(comm_, &fault_->comm), "MPI_Comm_dup");
+    fault_->comm = d->out[1];
     MPI_Comm_set_errhandler(fault_->comm, MPI_ERRORS_RETURN);
+    // Every rank's duplications completed, or a rank whose own did not gave up: a barrier on
+    // the new communicator, bounded as well, makes a rank that completed its duplication
+    // after its peers gave up fail too, instead of holding a transport no peer uses. Until
+    // it passed, the communicators are not freed (messages of the abandoned barrier could
+    // reach a communicator that reused their context id).
+    try {
+      barrier("the end of the transport's construction (MPI_Ibarrier)");
+    } catch (...) {
+      fault_->failed = true;  // release() keeps the communicators
+      release();
+      throw;
+    }
     detail::check_mpi(MPI_Irecv(fault_->in, 3, MPI_INT, MPI_ANY_SOURCE, 0, fault_->comm, &fault_->listen), "MPI_Irecv");
   }
   mpi(const mpi&) = delete;
@@ -209,7 +322,11 @@ class mpi {
 
   /// Collective: the transport over the ranks with the same `color`, ordered by `key`.
   /// It fails with this one (see the class comment).
+  /// Bounded: a barrier polled against the wait limit (errc::timeout) precedes
+  /// MPI_Comm_split, which has no non-blocking form; so only a rank that dies between the
+  /// two can make it wait for ever (MPI's own).
   mpi split(int color, int key) const {
+    barrier("MPI_Comm_split (MPI_Ibarrier before it)");
     MPI_Comm sub;
     detail::check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
     return linked(sub);
@@ -219,6 +336,7 @@ class mpi {
   /// fails with this one (see the class comment).
   mpi node() const {
     if (node_color_ >= 0) return split(node_color_, rank_);
+    barrier("MPI_Comm_split_type (MPI_Ibarrier before it)");
     MPI_Comm sub;
     detail::check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &sub),
                       "MPI_Comm_split_type");
@@ -230,9 +348,15 @@ class mpi {
   /// color; otherwise whether MPI's shared-memory domain (MPI_Comm_split_type with
   /// MPI_COMM_TYPE_SHARED) holds the whole communicator. Every rank gets the same answer.
   /// A plan asks it once, at construction, to pick its native-allreduce threshold.
+  /// Bounded by the wait limit like split(): a reduction and a barrier polled against it
+  /// (errc::timeout), then MPI_Comm_split_type.
   [[nodiscard]] bool single_node() const {
     std::int64_t v[2] = {node_color_, -static_cast<std::int64_t>(node_color_)};  // max color, -min color
-    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MAX, comm_), "MPI_Allreduce");
+    reduce_max(v, "the plan's construction (which ranks share a node, MPI_Iallreduce)");
+    // A rank that arrives after its peers gave up completes the reduction they left with
+    // MPI; it must not go on alone (and not into MPI_Comm_split_type, which would wait for
+    // ever): this barrier, which they never posted, makes it fail too.
+    barrier("the plan's construction (MPI_Ibarrier)");
     if (v[0] >= 0) return v[0] == -v[1];  // a grouping was given (ranks without one count as color -1)
     MPI_Comm sub;
     detail::check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &sub),
@@ -241,6 +365,57 @@ class mpi {
     MPI_Comm_size(sub, &sub_size);
     MPI_Comm_free(&sub);
     return sub_size == size_;
+  }
+
+  /// Collective, bounded by the wait limit: MPI_Ibarrier on this transport's
+  /// communicator, polled. Throws cgx::error(errc::timeout) naming `what` when the limit
+  /// passes (the barrier is left with MPI: detail::abandon). For construction steps (of
+  /// this transport and of those built over it, such as comm::shm).
+  void barrier(const char* what) const {
+    MPI_Request r = MPI_REQUEST_NULL;
+    detail::check_mpi(MPI_Ibarrier(comm_, &r), "MPI_Ibarrier");
+    finish(std::span<MPI_Request>(&r, 1), nullptr, what);
+  }
+
+  /// Collective, bounded like barrier(): element-wise maximum over all ranks of `v`, in
+  /// place (MPI_Iallreduce). Unlike max_all() it does not listen for failure reports: a
+  /// construction step.
+  void reduce_max(std::span<std::int64_t> v, const char* what) const {
+    auto buf = std::make_shared<std::vector<std::int64_t>>(v.begin(), v.end());
+    MPI_Request r = MPI_REQUEST_NULL;
+    detail::check_mpi(
+        MPI_Iallreduce(MPI_IN_PLACE, buf->data(), static_cast<int>(buf->size()), MPI_INT64_T, MPI_MAX, comm_, &r),
+        "MPI_Iallreduce");
+    finish(std::span<MPI_Request>(&r, 1), buf, what);
+    std::copy(buf->begin(), buf->end(), v.begin());
+  }
+
+  /// Collective, bounded like barrier(): every rank's `bytes` bytes at `mine` into `all`
+  /// (size() * bytes, in rank order; MPI_Iallgather).
+  void allgather(const void* mine, std::size_t bytes, void* all, const char* what) const {
+    if (bytes > static_cast<std::size_t>(INT_MAX))
+      throw cgx::error(errc::invalid_argument, "cgx::comm::mpi::allgather: " + std::to_string(bytes) + " bytes per rank");
+    auto buf = std::make_shared<std::vector<std::byte>>(bytes * (static_cast<std::size_t>(size_) + 1));
+    if (bytes != 0) std::memcpy(buf->data(), mine, bytes);
+    MPI_Request r = MPI_REQUEST_NULL;
+    const int b = static_cast<int>(bytes);
+    detail::check_mpi(MPI_Iallgather(buf->data(), b, MPI_BYTE, buf->data() + bytes, b, MPI_BYTE, comm_, &r),
+                      "MPI_Iallgather");
+    finish(std::span<MPI_Request>(&r, 1), buf, what);
+    if (bytes != 0) std::memcpy(all, buf->data() + bytes, bytes * static_cast<std::size_t>(size_));
+  }
+
+  /// Collective, bounded like barrier(): rank `root`'s `bytes` bytes at `buf` to every
+  /// rank (MPI_Ibcast).
+  void broadcast(void* buf, std::size_t bytes, int root, const char* what) const {
+    if (bytes > static_cast<std::size_t>(INT_MAX))
+      throw cgx::error(errc::invalid_argument, "cgx::comm::mpi::broadcast: " + std::to_string(bytes) + " bytes");
+    auto copy = std::make_shared<std::vector<std::byte>>(bytes);
+    if (bytes != 0) std::memcpy(copy->data(), buf, bytes);
+    MPI_Request r = MPI_REQUEST_NULL;
+    detail::check_mpi(MPI_Ibcast(copy->data(), static_cast<int>(bytes), MPI_BYTE, root, comm_, &r), "MPI_Ibcast");
+    finish(std::span<MPI_Request>(&r, 1), copy, what);
+    if (bytes != 0) std::memcpy(buf, copy->data(), bytes);
   }
 
   /// MPI's own uncompressed allreduce (sum, in place): what a plan uses below its
@@ -568,9 +743,25 @@ class mpi {
     tell(fault_->in[0], code, fault_->in[2]);
   }
 
+  /// Waits for a construction step's request up to the wait limit; on a timeout leaves it
+  /// with MPI (with `keep`, the memory it writes) and throws errc::timeout naming `what`.
+  void finish(std::span<MPI_Request> reqs, std::shared_ptr<void> keep, const char* what) const {
+    if (detail::wait_bounded(reqs, limit_, what)) return;
+    detail::abandon(reqs, std::move(keep));
+    std::string msg = "cgx::comm::mpi (rank " + std::to_string(rank_) + "): " + detail::construction_timeout(limit_, what);
+    // The abandoned step still uses this transport's communicator: the transport is failed,
+    // so that release() keeps it (MPI would otherwise progress a collective on a freed one).
+    if (fault_ && !fault_->failed) {
+      fault_->failed = true;
+      fault_->code = errc::timeout;
+      fault_->what = msg;
+    }
+    throw cgx::error(errc::timeout, msg);
+  }
+
   /// The transport over `sub` (freed here), failing with this one (child).
   mpi linked(MPI_Comm& sub) const {
-    mpi out(sub);
+    mpi out(sub, nodes{-1}, limit_);
     MPI_Comm_free(&sub);
     child c{out.fault_, std::vector<int>(static_cast<std::size_t>(size_), MPI_UNDEFINED)};
     MPI_Group mine = MPI_GROUP_NULL, theirs = MPI_GROUP_NULL;

@@ -131,6 +131,10 @@ class shm {
     size_ = base.size();
     blocked_send_.assign(static_cast<std::size_t>(size_), 0);
     blocked_recv_.assign(static_cast<std::size_t>(size_), 0);
+    // Every collective step of the construction is bounded by the base transport's
+    // construction limit (comm::mpi: CGX_TIMEOUT_MS or 10 minutes): MPI_Comm_split_type,
+    // which has no non-blocking form, right after a bounded barrier.
+    base.barrier("cgx::comm::shm's construction (MPI_Ibarrier before MPI_Comm_split_type)");
     MPI_Comm node;
     detail::check_mpi(MPI_Comm_split_type(base.comm(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
                       "MPI_Comm_split_type");
@@ -140,8 +144,8 @@ class shm {
     // One exchange: all on one node, ring_bytes valid everywhere and equal.
     const bool bad_ring = ring_bytes < 4096 || (ring_bytes & (ring_bytes - 1)) != 0;
     const auto ring = static_cast<long long>(std::min<std::size_t>(ring_bytes, std::size_t{1} << 62));
-    long long v[4] = {node_size == size_ ? 0 : 1, bad_ring ? 1 : 0, ring, -ring};
-    MPI_Allreduce(MPI_IN_PLACE, v, 4, MPI_LONG_LONG, MPI_MAX, base.comm());
+    std::int64_t v[4] = {node_size == size_ ? 0 : 1, bad_ring ? 1 : 0, ring, -ring};
+    base.reduce_max(v, "cgx::comm::shm's construction (its settings, MPI_Iallreduce)");
     if (v[0] != 0) throw cgx::error(errc::communicator, "cgx::comm::shm: the ranks of the communicator span several nodes");
     if (bad_ring)
       throw cgx::error(errc::invalid_argument, "cgx::comm::shm: ring_bytes must be a power of two >= 4096 (this rank "
@@ -157,7 +161,7 @@ class shm {
     // Who the peers are, for the liveness checks of wait_all.
     const long long me[2] = {static_cast<long long>(pid_namespace()), static_cast<long long>(getpid())};
     std::vector<long long> ids(2 * static_cast<std::size_t>(size_));
-    MPI_Allgather(me, 2, MPI_LONG_LONG, ids.data(), 2, MPI_LONG_LONG, base.comm());
+    base.allgather(me, sizeof(me), ids.data(), "cgx::comm::shm's construction (the ranks' processes, MPI_Iallgather)");
     for (int r = 0; r < size_; ++r) {
       const auto ns = ids[2 * static_cast<std::size_t>(r)];
       // A pid means something here only in this rank's own pid namespace.
@@ -177,7 +181,18 @@ class shm {
       reclaim_stale_segments();
       created[0] = create(name, sizeof(name), created[1]);
     }
-    MPI_Bcast(created, 2, MPI_LONG_LONG, 0, base.comm());
+    // From here a step that times out must not leave the segment behind: rank 0 unlinks its
+    // name and every rank unmaps what it mapped.
+    auto undo = [&] {
+      if (rank_ == 0 && created[0] == 0) shm_unlink(name);
+      release();
+    };
+    try {
+      base.broadcast(created, sizeof(created), 0, "cgx::comm::shm's construction (the segment, MPI_Ibcast)");
+    } catch (...) {
+      undo();
+      throw;
+    }
     if (created[0] != 0) {
       const int e = static_cast<int>(created[0]);
       if (created[1] != 0)
@@ -190,19 +205,28 @@ class shm {
       throw cgx::error(errc::transport, "cgx::comm::shm: cannot create a shared-memory segment of " +
                                             std::to_string(bytes_) + " bytes in /dev/shm: " + std::strerror(e));
     }
-    MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, base.comm());
-    int my_err = 0;
-    if (rank_ != 0) my_err = attach(name);
-    int any_err = 0;
-    MPI_Allreduce(&my_err, &any_err, 1, MPI_INT, MPI_MAX, base.comm());
+    std::int64_t any_err[1] = {0};
+    try {
+      base.broadcast(name, sizeof(name), 0, "cgx::comm::shm's construction (the segment's name, MPI_Ibcast)");
+      if (rank_ != 0) any_err[0] = attach(name);
+      base.reduce_max(any_err, "cgx::comm::shm's construction (mapping the segment, MPI_Iallreduce)");
+    } catch (...) {
+      undo();
+      throw;
+    }
     // Everyone has mapped it (or failed): the name is no longer needed.
     if (rank_ == 0) shm_unlink(name);
-    if (any_err != 0) {
+    if (any_err[0] != 0) {
       release();
       throw cgx::error(errc::transport, "cgx::comm::shm: a rank could not map the shared-memory segment");
     }
     // Make sure rank 0's initialization of the ring counters is visible before use.
-    MPI_Barrier(base.comm());
+    try {
+      base.barrier("cgx::comm::shm's construction (MPI_Ibarrier)");
+    } catch (...) {
+      release();
+      throw;
+    }
   }
 
   shm(const shm&) = delete;
