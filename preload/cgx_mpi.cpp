@@ -11,13 +11,23 @@
 ///  - MPI_Comm_set_info, MPI_Comm_dup_with_info: the opt-in keys (cgx_bits,
 ///    cgx_error_bound, cgx_min_bytes) are remembered here, per communicator: Open MPI 4.1
 ///    and MPICH 4.0 both drop unknown keys (MPI_Comm_get_info does not return them).
-///  - MPI_Comm_dup: the copy keeps its parent's keys (MPI-4: a duplicate keeps the hints).
-///  - MPI_Comm_free, MPI_Finalize: the plans of the communicator (all plans) are released
-///    first, then the report is printed (CGX_MPI_REPORT=1) and MPI is called.
+///  - MPI_Finalize: every plan is released first (in the order the communicators' states
+///    were made), then the report is printed (CGX_MPI_REPORT=1) and MPI is called.
 ///  - Under Open MPI the Fortran bindings (mpif.h, `use mpi`, `use mpi_f08`) call
 ///    PMPI_* directly, so their entry points (mpi_allreduce_, mpi_finalize_, ...) are
 ///    intercepted too and forward to the next definition (dlsym(RTLD_NEXT)). MPICH's
 ///    Fortran bindings call the C MPI_* functions, which are intercepted above.
+///
+/// What is not intercepted: a communicator's end and its duplicates. The state of a
+/// communicator (its hints, its plans, cgx's control communicator) is an MPI attribute
+/// on it, whose delete callback MPI runs in MPI_Comm_free, MPI_Comm_disconnect and
+/// MPI_Finalize alike, and whose copy callback gives MPI_Comm_dup and MPI_Comm_idup (in
+/// C and Fortran) the parent's hints.
+///
+/// Decisions are collective: whether a call runs, which plan (size class) serves it and
+/// when a plan is rebuilt are decided from one small non-blocking reduction per
+/// compressed call (the agreement, on cgx's control communicator, polled against the wait
+/// limit), which every rank that completes it reads the same way (see agree()).
 ///
 /// Every MPI call cgx itself makes while a plan is built, run or freed (on the plan's own
 /// duplicated communicators) goes straight to PMPI: a thread-local depth counter.
@@ -44,6 +54,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -173,10 +184,23 @@ setting read_setting(const char* bits, const char* bound, const char* min_bytes,
   return s;
 }
 
+/// CGX_TIMEOUT_MS: milliseconds below 2^32 (0: no limit); unset: 10 minutes, cgx's
+/// default (cgx::plan_options::timeout_ms). Empty optional: not a number.
+std::optional<std::uint32_t> parse_timeout(const char* env) {
+  if (env == nullptr || *env == 0) return std::uint32_t{600000};
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(env, &end, 10);
+  if (*env == '-' || *end != 0 || errno != 0 || v > 0xffffffffull) return std::nullopt;
+  return static_cast<std::uint32_t>(v);
+}
+
 struct config {
   setting env;          // CGX_MPI_BITS / CGX_MPI_ERROR_BOUND / CGX_MPI_MIN_BYTES: every communicator
   bool report = false;  // CGX_MPI_REPORT=1
   bool collective_check = false;  // CGX_MPI_CHECK=collective
+  std::uint32_t timeout_ms = 600000;  // CGX_TIMEOUT_MS: the wait limit of every call, construction included
+  bool disabled = false;              // CGX_TIMEOUT_MS is malformed: nothing is compressed
 };
 
 const config& cfg() {
@@ -188,6 +212,14 @@ const config& cfg() {
     k.report = r != nullptr && *r != 0 && std::strcmp(r, "0") != 0;
     const char* chk = std::getenv("CGX_MPI_CHECK");
     k.collective_check = chk != nullptr && std::strcmp(chk, "collective") == 0;
+    const char* t = std::getenv("CGX_TIMEOUT_MS");
+    if (const auto ms = parse_timeout(t)) {
+      k.timeout_ms = *ms;
+    } else {
+      say(std::string("environment: CGX_TIMEOUT_MS='") + t +
+          "' is not a wait limit in milliseconds (0 to 4294967295; 0: no limit); MPI_Allreduce stays uncompressed");
+      k.disabled = true;
+    }
     return k;
   }();
   return c;
@@ -221,120 +253,249 @@ std::atomic<std::uint64_t> stats[n_counters];
 
 void add(counter c, std::uint64_t v) noexcept { stats[c].fetch_add(v, std::memory_order_relaxed); }
 
-// ---- the communicator table ----------------------------------------------------------
+// ---- per-communicator state, on the communicator (an MPI attribute) -------------------
+//
+// What the library knows about one of the caller's communicators hangs on it as an
+// attribute (MPI_Comm_create_keyval): MPI runs the delete callback when the communicator
+// goes, by MPI_Comm_free, MPI_Comm_disconnect or MPI_Finalize alike, and the copy
+// callback when it is duplicated (MPI_Comm_dup, MPI_Comm_idup, MPI_Comm_dup_with_info):
+// a duplicate gets its parent's hints, never its plans. A handle that MPI reuses for a
+// new communicator therefore never meets the old one's state.
 
-/// What the interposer knows about one of the caller's communicators.
-struct comm_entry {
-  std::optional<setting> info;  // from cgx_* info keys (overrides the environment)
-  int size = -1;                // -1: not asked yet
-  bool inter = false;
-  std::uint64_t seq = 0;        // creation order: plans are freed in it, the same on every rank
-  std::mutex call;              // one cgx call at a time per communicator (MPI_THREAD_MULTIPLE)
-  std::map<int, std::unique_ptr<cgx_preload::plan>> plans;  // key: 16 * (0 float, 1 double) + bits
+/// A non-blocking operation that a call started and gave up on (its wait limit passed):
+/// MPI cannot cancel it, so it stays pending and the next call on the communicator
+/// waits for it again, before it starts anything new. Its memory is MPI's until it
+/// completes: when the communicator goes first, it is kept for the life of the process.
+struct pending_dup {
+  MPI_Comm out = MPI_COMM_NULL;
+  MPI_Request req = MPI_REQUEST_NULL;
 };
 
-std::mutex table_lock;
-// Never destroyed: a program that exits without MPI_Finalize (or whose Fortran
-// MPI_Finalize does not reach this library: MPICH's mpi_f08) must not have its plans freed,
-// with MPI calls, by a static destructor after main returns.
-std::map<MPI_Comm, std::shared_ptr<comm_entry>>& table = *new std::map<MPI_Comm, std::shared_ptr<comm_entry>>;
-std::uint64_t next_seq = 0;
-std::atomic<bool> any_info{false};  // some communicator carries cgx_* keys
+/// What one rank brings to the agreement of a call (see agree()).
+struct proposal {
+  std::int64_t count = 0;  ///< values
+  std::int64_t key = 0;    ///< 16 * (0 float, 1 double) + bits: which plan
+  std::int64_t hash = 0;   ///< the setting (bits, bound, minimum size, checking): 62 bits
+  std::int64_t gen = -1;   ///< the generation of this rank's plan of that key; -1: none
+  std::int64_t ever = -1;  ///< the largest generation this rank ever built on this communicator
+  bool operator==(const proposal&) const = default;
+};
+constexpr int n_fields = 5;
 
-std::shared_ptr<comm_entry> find_entry(MPI_Comm c) {
-  const std::lock_guard<std::mutex> g(table_lock);
-  const auto it = table.find(c);
-  return it == table.end() ? nullptr : it->second;
+/// An agreement in flight: max of (fields, -fields) over the ranks of the control communicator.
+struct pending_round {
+  proposal mine;   ///< what this rank contributed
+  int kind = 0;    ///< and the call it was for: value type and setting (to build the agreed plan)
+  setting s;
+  std::int64_t in[2 * n_fields] = {};
+  std::int64_t out[2 * n_fields] = {};
+  MPI_Request req = MPI_REQUEST_NULL;
+};
+
+/// Memory that MPI may still write into (the buffers of operations that were given up on
+/// and whose communicator is gone): kept for the life of the process.
+void keep_forever(std::shared_ptr<void> p) noexcept {
+  static auto* const kept = new std::vector<std::shared_ptr<void>>;
+  static auto* const lock = new std::mutex;
+  const std::lock_guard<std::mutex> g(*lock);
+  try {
+    kept->push_back(std::move(p));
+  } catch (...) {
+    new std::shared_ptr<void>(std::move(p));  // out of memory: leak it rather than free it under MPI
+  }
 }
 
-std::shared_ptr<comm_entry> get_entry(MPI_Comm c) {
-  const std::lock_guard<std::mutex> g(table_lock);
-  auto& e = table[c];
-  if (!e) {
-    e = std::make_shared<comm_entry>();
-    e->seq = next_seq++;
+struct plan_slot {
+  std::unique_ptr<cgx_preload::plan> plan;
+  std::int64_t gen = -1;
+};
+
+/// What the interposer knows about one of the caller's communicators.
+struct comm_state {
+  std::mutex info_lock;         // guards info (MPI_Comm_set_info may come from another thread)
+  std::optional<setting> info;  // from cgx_* info keys (overrides the environment)
+  std::uint64_t seq = 0;        // creation order: plans are freed in it at MPI_Finalize
+  std::mutex call;              // one cgx call at a time per communicator (MPI_THREAD_MULTIPLE); guards the rest
+  MPI_Comm control = MPI_COMM_NULL;      // cgx's duplicate: the agreements, and the plans' parent
+  std::shared_ptr<pending_dup> creating;  // its MPI_Comm_idup, while a call gave up waiting for it
+  std::shared_ptr<pending_round> round;   // an agreement a call gave up waiting for
+  std::map<int, plan_slot> plans;         // key: 16 * (0 float, 1 double) + bits
+  std::int64_t ever = -1;                 // the largest plan generation built here
+  bool finalized = false;                 // MPI_Finalize released everything (no more MPI calls)
+
+  std::optional<setting> hints() {
+    const std::lock_guard<std::mutex> g(info_lock);
+    return info;
   }
-  return e;
+};
+
+std::mutex registry_lock;
+// Every live state, for MPI_Finalize's ordered release. Never destroyed: a program that
+// exits without MPI_Finalize must not have its plans freed, with MPI calls, by a static
+// destructor after main returns.
+std::map<std::uint64_t, comm_state*>& registry = *new std::map<std::uint64_t, comm_state*>;
+std::uint64_t next_seq = 0;
+std::atomic<bool> any_info{false};  // some communicator carries cgx_* keys
+std::atomic<int> keyval{MPI_KEYVAL_INVALID};
+
+comm_state* new_state() {
+  auto* s = new comm_state;
+  const std::lock_guard<std::mutex> g(registry_lock);
+  s->seq = next_seq++;
+  try {
+    registry.emplace(s->seq, s);
+  } catch (...) {
+    delete s;
+    throw;
+  }
+  return s;
+}
+
+/// Frees the plans of one state, in key order (the same on every rank), then its
+/// control communicator. Call with s.call held.
+void release_plans(comm_state& s) noexcept {
+  const inside_cgx guard;
+  for (auto& kv : s.plans) {
+    try {
+      kv.second.plan.reset();
+    } catch (...) {  // a destructor that throws: nothing to do but go on
+    }
+  }
+  s.plans.clear();
+  if (s.control != MPI_COMM_NULL) PMPI_Comm_free(&s.control);  // pending operations on it complete normally
+  s.control = MPI_COMM_NULL;
+  if (s.creating) keep_forever(std::move(s.creating));
+  if (s.round) keep_forever(std::move(s.round));
+}
+
+/// The attribute's delete callback: MPI_Comm_free, MPI_Comm_disconnect, MPI_Finalize.
+int delete_state(MPI_Comm, int, void* attr, void*) {
+  auto* s = static_cast<comm_state*>(attr);
+  if (s == nullptr) return MPI_SUCCESS;
+  {
+    const std::lock_guard<std::mutex> g(registry_lock);
+    registry.erase(s->seq);
+  }
+  {
+    const std::lock_guard<std::mutex> g(s->call);
+    if (!s->finalized) release_plans(*s);
+  }
+  delete s;
+  return MPI_SUCCESS;
+}
+
+/// The attribute's copy callback: a duplicate keeps its parent's hints (MPI-4: duplicates
+/// keep the hints), never its plans or control communicator.
+int copy_state(MPI_Comm, int, void*, void* in, void* out, int* flag) {
+  *flag = 0;
+  auto* parent = static_cast<comm_state*>(in);
+  if (parent == nullptr) return MPI_SUCCESS;
+  const std::optional<setting> h = parent->hints();
+  if (!h) return MPI_SUCCESS;
+  try {
+    comm_state* s = new_state();
+    s->info = h;
+    *static_cast<void**>(out) = s;
+    *flag = 1;
+  } catch (...) {
+    return MPI_ERR_NO_MEM;
+  }
+  return MPI_SUCCESS;
+}
+
+/// The keyval, created on first use (MPI is initialized by then).
+int the_keyval() {
+  int k = keyval.load(std::memory_order_acquire);
+  if (k != MPI_KEYVAL_INVALID) return k;
+  static std::mutex lock;
+  const std::lock_guard<std::mutex> g(lock);
+  k = keyval.load(std::memory_order_acquire);
+  if (k == MPI_KEYVAL_INVALID) {
+    if (PMPI_Comm_create_keyval(copy_state, delete_state, &k, nullptr) != MPI_SUCCESS)
+      throw cgx::error(cgx::errc::transport, "MPI_Comm_create_keyval failed");
+    keyval.store(k, std::memory_order_release);
+  }
+  return k;
+}
+
+/// The state of c, or null.
+comm_state* find_state(MPI_Comm c) {
+  const int k = keyval.load(std::memory_order_acquire);
+  if (k == MPI_KEYVAL_INVALID || c == MPI_COMM_NULL) return nullptr;
+  void* v = nullptr;
+  int flag = 0;
+  if (PMPI_Comm_get_attr(c, k, &v, &flag) != MPI_SUCCESS || !flag) return nullptr;
+  return static_cast<comm_state*>(v);
+}
+
+/// The state of c, made (and attached) when it has none.
+comm_state* get_state(MPI_Comm c) {
+  static std::mutex lock;  // two threads must not attach two states to one communicator
+  const int k = the_keyval();
+  const std::lock_guard<std::mutex> g(lock);
+  if (comm_state* s = find_state(c)) return s;
+  comm_state* s = new_state();
+  if (PMPI_Comm_set_attr(c, k, s) != MPI_SUCCESS) {
+    delete_state(c, k, s, nullptr);
+    throw cgx::error(cgx::errc::transport, "MPI_Comm_set_attr failed");
+  }
+  return s;
 }
 
 /// Records the cgx_* keys of `info` for communicator c (MPI_Comm_set_info,
 /// MPI_Comm_dup_with_info). `replace`: the communicator's keys are exactly these (a new
 /// communicator); otherwise keys absent from info leave the earlier ones.
-void record_info(MPI_Comm c, MPI_Info info, bool replace) {
+void record_info(MPI_Comm c, MPI_Info info, bool replace) noexcept {
   if (c == MPI_COMM_NULL) return;
-  const std::string bits = info_value(info, "cgx_bits");
-  const std::string bound = info_value(info, "cgx_error_bound");
-  const std::string min = info_value(info, "cgx_min_bytes");
-  if (bits.empty() && bound.empty() && min.empty()) {
-    if (replace) {
-      const auto e = find_entry(c);
-      if (e) e->info.reset();
+  try {
+    const std::string bits = info_value(info, "cgx_bits");
+    const std::string bound = info_value(info, "cgx_error_bound");
+    const std::string min = info_value(info, "cgx_min_bytes");
+    if (bits.empty() && bound.empty() && min.empty()) {
+      if (replace) {
+        if (comm_state* e = find_state(c)) {
+          const std::lock_guard<std::mutex> g(e->info_lock);
+          e->info.reset();
+        }
+      }
+      return;
     }
-    return;
-  }
-  const auto e = get_entry(c);
-  setting s = read_setting(bits.c_str(), bound.c_str(), min.c_str(), "MPI_Comm_set_info", "cgx_bits", "cgx_error_bound",
-                           "cgx_min_bytes");
-  if (!replace && e->info && bits.empty() && bound.empty()) {  // only cgx_min_bytes changed
-    setting old = *e->info;
-    old.min_bytes = s.min_bytes;
-    s = old;
-  }
-  if (bits.empty() && bound.empty() && !replace && !e->info) {
-    // cgx_min_bytes alone on a communicator opted in by the environment.
-    s.bits = cfg().env.bits;
-    s.bound = cfg().env.bound;
-  }
-  e->info = s;
-  any_info.store(true, std::memory_order_release);
-}
-
-/// A duplicate keeps its parent's keys.
-void inherit(MPI_Comm parent, MPI_Comm child) {
-  if (child == MPI_COMM_NULL) return;
-  const auto p = find_entry(parent);
-  if (!p || !p->info) return;
-  get_entry(child)->info = p->info;
-}
-
-/// Frees the plans of one entry, in key order (the same on every rank).
-void release_plans(comm_entry& e) noexcept {
-  const inside_cgx guard;
-  for (auto& kv : e.plans) {
-    try {
-      kv.second.reset();
-    } catch (...) {  // a destructor that throws: nothing to do but go on
+    comm_state* e = get_state(c);
+    setting s = read_setting(bits.c_str(), bound.c_str(), min.c_str(), "MPI_Comm_set_info", "cgx_bits",
+                             "cgx_error_bound", "cgx_min_bytes");
+    const std::lock_guard<std::mutex> g(e->info_lock);
+    if (!replace && e->info && bits.empty() && bound.empty()) {  // only cgx_min_bytes changed
+      setting old = *e->info;
+      old.min_bytes = s.min_bytes;
+      s = old;
     }
+    if (bits.empty() && bound.empty() && !replace && !e->info) {
+      // cgx_min_bytes alone on a communicator opted in by the environment.
+      s.bits = cfg().env.bits;
+      s.bound = cfg().env.bound;
+    }
+    e->info = s;
+    any_info.store(true, std::memory_order_release);
+  } catch (const std::exception& x) {
+    say(std::string("the cgx_* keys of a communicator could not be recorded: ") + x.what());
+  } catch (...) {
+    say("the cgx_* keys of a communicator could not be recorded");
   }
-  e.plans.clear();
 }
 
-/// MPI_Comm_free: the communicator's plans go first.
-void forget(MPI_Comm c) noexcept {
-  std::shared_ptr<comm_entry> e;
-  {
-    const std::lock_guard<std::mutex> g(table_lock);
-    const auto it = table.find(c);
-    if (it == table.end()) return;
-    e = std::move(it->second);
-    table.erase(it);
-  }
-  const std::lock_guard<std::mutex> g(e->call);
-  release_plans(*e);
-}
-
-/// Drops the plan of a failed call: a failed plan refuses every later call, and the next
-/// call builds a new one (every rank of a failed call throws, so all rebuild together).
-void release_one(comm_entry& e, int key) noexcept {
+/// Drops the plan of a failed call: the next call's agreement sees it gone and every
+/// rank builds a new one together.
+void release_one(comm_state& e, int key) noexcept {
   const auto it = e.plans.find(key);
   if (it == e.plans.end()) return;
   const inside_cgx guard;
   try {
-    it->second.reset();
+    it->second.plan.reset();
   } catch (...) {
   }
   e.plans.erase(it);
 }
+
 
 // ---- the report ----------------------------------------------------------------------
 
@@ -384,7 +545,9 @@ void print_report() {
   std::fflush(stderr);
 }
 
-/// MPI_Finalize: the report, then every plan, in creation order.
+
+/// MPI_Finalize: the report, then every plan and control communicator, in the order the
+/// states were made.
 void before_finalize() noexcept {
   if (cfg().report) {
     try {
@@ -392,16 +555,18 @@ void before_finalize() noexcept {
     } catch (...) {
     }
   }
-  std::vector<std::shared_ptr<comm_entry>> all;
+  std::vector<comm_state*> all;
   {
-    const std::lock_guard<std::mutex> g(table_lock);
-    for (auto& kv : table) all.push_back(kv.second);
-    table.clear();
+    const std::lock_guard<std::mutex> g(registry_lock);
+    try {
+      for (auto& kv : registry) all.push_back(kv.second);  // seq order
+    } catch (...) {
+    }
   }
-  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a->seq < b->seq; });
-  for (auto& e : all) {
-    const std::lock_guard<std::mutex> g(e->call);
-    release_plans(*e);
+  for (comm_state* s : all) {
+    const std::lock_guard<std::mutex> g(s->call);
+    release_plans(*s);
+    s->finalized = true;  // the delete callbacks that PMPI_Finalize may run make no MPI call
   }
 }
 
@@ -433,13 +598,134 @@ int mpi_code(const cgx::error& e) noexcept {
 }
 
 /// Reports a failed call on stderr and through comm's error handler; returns the code.
-int fail(MPI_Comm comm, int code, const std::string& what, int count) {
+/// `moved`: whether data may have moved (else the buffer is untouched).
+int fail(MPI_Comm comm, int code, std::string what, int count, bool moved) {
   add(n_failed, 1);
+  if (what.rfind("cgx: ", 0) == 0) what.erase(0, 5);  // cgx::error's prefix: the line names cgx already
   say("MPI_Allreduce of " + std::to_string(count) + " values failed in cgx: " + what +
-      " (the result buffer may hold partial sums; a later call builds a new plan)");
+      (moved ? " (the result buffer may hold partial sums; a later call builds a new plan)" : ""));
   const inside_cgx guard;
   PMPI_Comm_call_errhandler(comm, code);
   return code;
+}
+
+/// The point in time a call's waits end; max() for no limit.
+clock_type::time_point deadline_of(std::uint32_t limit_ms) {
+  if (limit_ms == 0) return clock_type::time_point::max();
+  return clock_type::now() + std::chrono::milliseconds(limit_ms);
+}
+
+/// Waits for `req` until `deadline` (polling; MPI cannot block with a limit). True when it
+/// completed; false when the deadline passed first (it stays pending). Throws
+/// cgx::error(errc::transport) for an MPI error.
+bool wait_until(MPI_Request& req, clock_type::time_point deadline, const char* what) {
+  for (unsigned spins = 0;; ++spins) {
+    int done = 0;
+    const int rc = PMPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      char msg[MPI_MAX_ERROR_STRING] = {0};
+      int len = 0;
+      PMPI_Error_string(rc, msg, &len);
+      throw cgx::error(cgx::errc::transport, std::string(what) + " failed: " + msg);
+    }
+    if (done) return true;
+    if ((spins & 63) == 63 && clock_type::now() >= deadline) return false;
+    if (spins > 256) std::this_thread::yield();  // more ranks than cores: let the others progress
+  }
+}
+
+std::string waited(std::uint32_t limit_ms) {
+  return "waited more than " + std::to_string(limit_ms) + " ms (CGX_TIMEOUT_MS)";
+}
+
+/// The control communicator of s: cgx's own duplicate of the caller's communicator, made
+/// by the first opted-in call (MPI_Comm_idup, polled against the deadline). A call that
+/// gives up leaves the duplication pending and the next one waits for it again: every
+/// rank duplicates the communicator once, in the same call of a correct program.
+void ensure_control(comm_state& s, MPI_Comm user, clock_type::time_point deadline, std::uint32_t limit_ms) {
+  if (s.control != MPI_COMM_NULL) return;
+  if (!s.creating) {
+    auto d = std::make_shared<pending_dup>();
+    const int rc = PMPI_Comm_idup(user, &d->out, &d->req);
+    if (rc != MPI_SUCCESS) throw cgx::error(cgx::errc::transport, "MPI_Comm_idup of the communicator failed");
+    s.creating = std::move(d);
+  }
+  if (!wait_until(s.creating->req, deadline, "MPI_Comm_idup"))
+    throw cgx::error(cgx::errc::timeout,
+                     waited(limit_ms) + " for the other ranks to join the first compressed MPI_Allreduce on this "
+                                        "communicator (cgx's duplication of it, MPI_Comm_idup); no data moved, and "
+                                        "the next call on this communicator waits for that duplication again");
+  s.control = s.creating->out;
+  s.creating.reset();
+  PMPI_Comm_set_errhandler(s.control, MPI_ERRORS_RETURN);
+  const int k = keyval.load(std::memory_order_acquire);
+  if (k != MPI_KEYVAL_INVALID) PMPI_Comm_delete_attr(s.control, k);  // the hints it copied: it is cgx's own
+}
+
+/// The result of an agreement: every rank that completes it gets the same.
+struct agreement {
+  proposal max, min;
+  int kind = 0;        ///< this rank's contribution's value type and setting (the agreed ones when they agree)
+  setting s;
+  bool stale = false;  ///< this rank contributed for an earlier call, whose proposal differs from this call's
+};
+
+/// The agreement of a call: one MPI_Iallreduce (max of fields and of their negations) on
+/// the control communicator, polled against the deadline. Every compressed call makes
+/// exactly one, in call order, so the k-th agreement of every rank is the same
+/// reduction. A call that gives up leaves it pending, and the next call of this rank
+/// waits for it again instead of starting another (so a rank never has two, and the
+/// ranks' k-th agreements stay the same collective): it counts as that call's
+/// agreement when this rank's proposal did not change (a matched call after a failure:
+/// the plan state a rank brings changes only through the calls that complete an
+/// agreement), and as `stale` otherwise (the call itself is mismatched).
+agreement agree(comm_state& s, const proposal& mine, int kind, const setting& st, clock_type::time_point deadline,
+                std::uint32_t limit_ms) {
+  if (!s.round) {
+    auto r = std::make_shared<pending_round>();
+    r->mine = mine;
+    r->kind = kind;
+    r->s = st;
+    const std::int64_t f[n_fields] = {mine.count, mine.key, mine.hash, mine.gen, mine.ever};
+    for (int i = 0; i < n_fields; ++i) {
+      r->in[i] = f[i];
+      r->in[n_fields + i] = -f[i];
+    }
+    const int rc = PMPI_Iallreduce(r->in, r->out, 2 * n_fields, MPI_INT64_T, MPI_MAX, s.control, &r->req);
+    if (rc != MPI_SUCCESS) throw cgx::error(cgx::errc::transport, "MPI_Iallreduce (cgx's agreement) failed");
+    s.round = std::move(r);
+  }
+  if (!wait_until(s.round->req, deadline, "MPI_Iallreduce (cgx's agreement)"))
+    throw cgx::error(cgx::errc::timeout,
+                     waited(limit_ms) + " for the other ranks to join this MPI_Allreduce (cgx's agreement on the "
+                                        "count and the plan); no data moved");
+  const std::shared_ptr<pending_round> r = std::move(s.round);
+  agreement a;
+  std::int64_t* mx[n_fields] = {&a.max.count, &a.max.key, &a.max.hash, &a.max.gen, &a.max.ever};
+  std::int64_t* mn[n_fields] = {&a.min.count, &a.min.key, &a.min.hash, &a.min.gen, &a.min.ever};
+  for (int i = 0; i < n_fields; ++i) {
+    *mx[i] = r->out[i];
+    *mn[i] = -r->out[n_fields + i];
+  }
+  a.kind = r->kind;
+  a.s = r->s;
+  a.stale = !(r->mine == mine);
+  return a;
+}
+
+std::int64_t setting_hash(const setting& s, std::size_t min_bytes, bool check) {
+  std::uint64_t h = 0x9e3779b97f4a7c15ull;
+  auto mix = [&h](std::uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 31;
+  };
+  mix(static_cast<std::uint64_t>(s.bits));
+  mix(std::bit_cast<std::uint64_t>(s.bound));
+  mix(s.min_bytes ? *s.min_bytes : ~std::uint64_t{0});
+  mix(min_bytes);
+  mix(check ? 1 : 0);
+  return static_cast<std::int64_t>(h >> 2);  // 62 bits: negating it cannot overflow
 }
 
 /// The common body of the C and Fortran MPI_Allreduce; `pass` runs the call unchanged.
@@ -447,7 +733,7 @@ template <class Pass>
 int allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm, Pass pass) {
   if (inside > 0) return pass();
   const config& c = cfg();
-  if (!c.env.on() && !any_info.load(std::memory_order_acquire)) {
+  if (c.disabled || (!c.env.on() && !any_info.load(std::memory_order_acquire))) {
     add(n_passed, 1);
     return pass();
   }
@@ -456,8 +742,9 @@ int allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype type, 
     add(n_passed, 1);
     return pass();
   }
-  std::shared_ptr<comm_entry> e = find_entry(comm);
-  const setting s = e && e->info ? *e->info : c.env;
+  comm_state* e = find_state(comm);
+  const std::optional<setting> hinted = e != nullptr ? e->hints() : std::nullopt;
+  const setting s = hinted ? *hinted : c.env;
   if (!s.on()) {
     add(n_passed, 1);
     return pass();
@@ -469,39 +756,76 @@ int allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype type, 
     add(n_small, 1);
     return pass();
   }
-  if (!e) e = get_entry(comm);
-  const std::lock_guard<std::mutex> g(e->call);
-  if (e->size < 0) {
-    int inter = 0, size = 1;
-    PMPI_Comm_test_inter(comm, &inter);
-    PMPI_Comm_size(comm, &size);
-    e->inter = inter != 0;
-    e->size = size;
-  }
-  if (e->inter || e->size < 2) {  // nothing to send on one rank; cgx has no inter-communicators
+  int inter = 0, size = 1;
+  if (PMPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || PMPI_Comm_size(comm, &size) != MPI_SUCCESS || inter ||
+      size < 2) {  // nothing to send on one rank; cgx has no inter-communicators
     add(n_passed, 1);
     return pass();
   }
   const auto t0 = clock_type::now();
   const int key = 16 * kind + s.bits;
+  bool touched = false;  // a plan was built or run: a failure drops it
+  int used_key = key;    // the plan's key (the agreed one)
+  std::unique_lock<std::mutex> g;
   try {
+    if (e == nullptr) e = get_state(comm);
+    g = std::unique_lock<std::mutex>(e->call);
     const inside_cgx guard;
-    auto& p = e->plans[key];
-    if (!p || p->capacity() < n) {
-      p.reset();  // a larger size class replaces the smaller (collective: every rank has the same count)
+    const auto deadline = deadline_of(c.timeout_ms);
+    ensure_control(*e, comm, deadline, c.timeout_ms);
+    proposal mine;
+    mine.count = count;
+    mine.key = key;
+    mine.hash = setting_hash(s, min_bytes, c.collective_check);
+    const auto it = e->plans.find(key);
+    mine.gen = it != e->plans.end() && it->second.plan ? it->second.gen : -1;
+    mine.ever = e->ever;
+    const agreement a = agree(*e, mine, kind, s, deadline, c.timeout_ms);
+    // Every rank that completed this agreement decides the same from here on, and takes
+    // the same collective steps on the control communicator (a rebuild's duplications).
+    if (a.max.count != a.min.count)
+      throw cgx::error(cgx::errc::mismatch, "the ranks passed different counts to this MPI_Allreduce (from " +
+                                                std::to_string(a.min.count) + " to " + std::to_string(a.max.count) +
+                                                " values); every rank refuses it, no data moved");
+    if (a.max.key != a.min.key || a.max.hash != a.min.hash)
+      throw cgx::error(cgx::errc::mismatch,
+                       "the ranks differ in this MPI_Allreduce's value type or cgx setting (bits, error bound, "
+                       "minimum size: hints or environment); every rank refuses it, no data moved");
+    // The agreed plan (the same key on every rank): this rank's own contribution's.
+    const int akey = static_cast<int>(a.max.key);
+    const std::size_t an = static_cast<std::size_t>(a.max.count);
+    used_key = akey;
+    auto& slot = e->plans[akey];
+    const bool reuse = a.min.gen == a.max.gen && a.min.gen >= 0 && slot.plan && slot.gen == a.max.gen &&
+                       slot.plan->capacity() >= an;
+    // (All ranks with the same generation hold plans of the same capacity: they were
+    // built together, from one agreement.)
+    touched = true;
+    if (!reuse) {
+      slot.plan.reset();
+      slot.gen = -1;
       cgx_preload::plan_request req;
-      req.comm = comm;
-      req.capacity = std::bit_ceil(std::max<std::size_t>(n, 4096));
-      req.bits = s.bits;
+      req.comm = e->control;
+      req.capacity = std::bit_ceil(std::max<std::size_t>(an, 4096));
+      req.bits = a.s.bits;
       // A threshold the user gave is the plan's too (on one node as well); otherwise the
       // plan picks its own (cgx::auto_threshold: larger on one node).
-      req.native_below = s.min_bytes ? *s.min_bytes : std::numeric_limits<std::size_t>::max();
+      req.native_below = a.s.min_bytes ? *a.s.min_bytes : std::numeric_limits<std::size_t>::max();
       req.collective_check = c.collective_check;
-      p = kind == 0 ? cgx_preload::make_plan_f32(req) : cgx_preload::make_plan_f64(req);
+      req.timeout_ms = c.timeout_ms;
+      const std::int64_t gen = std::max(a.max.gen, a.max.ever) + 1;  // the same on every rank
+      e->ever = std::max(e->ever, gen);
+      slot.plan = a.kind == 0 ? cgx_preload::make_plan_f32(req) : cgx_preload::make_plan_f64(req);
+      slot.gen = gen;
       add(n_plans, 1);
     }
+    if (a.stale)
+      throw cgx::error(cgx::errc::mismatch,
+                       "this rank's call differs from the one its peers agreed on (its previous call on this "
+                       "communicator gave up waiting, and that call's agreement completed only now); no data moved "
+                       "on this rank");
     if (sendbuf != MPI_IN_PLACE && sendbuf != recvbuf) std::memmove(recvbuf, sendbuf, n * value_bytes);
-    const cgx_preload::traffic t = p->run(recvbuf, n, s.bound);
+    const cgx_preload::traffic t = slot.plan->run(recvbuf, n, s.bound);
     add(t.native ? n_native : n_compressed, 1);
     if (!t.native) {
       add(b_user, n * value_bytes);
@@ -511,17 +835,17 @@ int allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype type, 
     add(t_cgx_ns, static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count()));
     return MPI_SUCCESS;
   } catch (const cgx::error& err) {
-    release_one(*e, key);
-    return fail(comm, mpi_code(err), err.what(), count);
+    if (touched) release_one(*e, used_key);
+    return fail(comm, mpi_code(err), err.what(), count, touched);
   } catch (const std::bad_alloc&) {
-    release_one(*e, key);
-    return fail(comm, MPI_ERR_NO_MEM, "out of memory", count);
+    if (touched) release_one(*e, used_key);
+    return fail(comm, MPI_ERR_NO_MEM, "out of memory", count, touched);
   } catch (const std::exception& err) {
-    release_one(*e, key);
-    return fail(comm, MPI_ERR_OTHER, err.what(), count);
+    if (touched) release_one(*e, used_key);
+    return fail(comm, MPI_ERR_OTHER, err.what(), count, touched);
   } catch (...) {
-    release_one(*e, key);
-    return fail(comm, MPI_ERR_OTHER, "unknown exception", count);
+    if (touched) release_one(*e, used_key);
+    return fail(comm, MPI_ERR_OTHER, "unknown exception", count, touched);
   }
 }
 
@@ -541,21 +865,12 @@ CGX_PRELOAD_EXPORT int MPI_Comm_set_info(MPI_Comm comm, MPI_Info info) {
   return rc;
 }
 
+// MPI_Comm_dup_with_info copies the attributes (the parent's hints, copy_state), then the
+// hints of its info replace them.
 CGX_PRELOAD_EXPORT int MPI_Comm_dup_with_info(MPI_Comm comm, MPI_Info info, MPI_Comm* newcomm) {
   const int rc = PMPI_Comm_dup_with_info(comm, info, newcomm);
   if (inside == 0 && rc == MPI_SUCCESS) record_info(*newcomm, info, true);
   return rc;
-}
-
-CGX_PRELOAD_EXPORT int MPI_Comm_dup(MPI_Comm comm, MPI_Comm* newcomm) {
-  const int rc = PMPI_Comm_dup(comm, newcomm);
-  if (inside == 0 && rc == MPI_SUCCESS) inherit(comm, *newcomm);
-  return rc;
-}
-
-CGX_PRELOAD_EXPORT int MPI_Comm_free(MPI_Comm* comm) {
-  if (inside == 0 && comm != nullptr) forget(*comm);
-  return PMPI_Comm_free(comm);
 }
 
 CGX_PRELOAD_EXPORT int MPI_Finalize(void) {
@@ -571,16 +886,16 @@ CGX_PRELOAD_EXPORT int MPI_Finalize(void) {
 // definition (the MPI library's), with the caller's arguments, unless the call is one
 // cgx takes. The f08 entry points take the same arguments (buffers by address, handles
 // as one integer, ierror possibly absent: a null pointer). MPICH's bindings call the C
-// MPI_* functions, so under MPICH nothing of this is compiled.
+// MPI_* functions, so under MPICH nothing of this is compiled. MPI_COMM_FREE,
+// MPI_COMM_DISCONNECT, MPI_COMM_DUP and MPI_COMM_IDUP need no wrapper: the attribute's
+// callbacks run inside them, whichever binding was called.
 
 #if defined(OPEN_MPI) && OPEN_MPI
 namespace {
 
 using f_allreduce = void (*)(void*, void*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*);
 using f_finalize = void (*)(MPI_Fint*);
-using f_comm_free = void (*)(MPI_Fint*, MPI_Fint*);
 using f_set_info = void (*)(MPI_Fint*, MPI_Fint*, MPI_Fint*);
-using f_dup = void (*)(MPI_Fint*, MPI_Fint*, MPI_Fint*);
 using f_dup_with_info = void (*)(MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*);
 
 template <class Fn>
@@ -636,24 +951,11 @@ void fortran_finalize(f_finalize next, MPI_Fint* ierr) {
   else if (ierr != nullptr) *ierr = PMPI_Finalize();
 }
 
-void fortran_comm_free(f_comm_free next, MPI_Fint* comm, MPI_Fint* ierr) {
-  if (inside == 0 && comm != nullptr) forget(PMPI_Comm_f2c(*comm));
-  MPI_Fint rc = MPI_SUCCESS;
-  if (next != nullptr) next(comm, ierr != nullptr ? ierr : &rc);
-}
-
 void fortran_set_info(f_set_info next, MPI_Fint* comm, MPI_Fint* info, MPI_Fint* ierr) {
   MPI_Fint rc = MPI_SUCCESS;
   MPI_Fint* e = ierr != nullptr ? ierr : &rc;
   if (next != nullptr) next(comm, info, e);
   if (inside == 0 && *e == MPI_SUCCESS) record_info(PMPI_Comm_f2c(*comm), PMPI_Info_f2c(*info), false);
-}
-
-void fortran_dup(f_dup next, MPI_Fint* comm, MPI_Fint* newcomm, MPI_Fint* ierr) {
-  MPI_Fint rc = MPI_SUCCESS;
-  MPI_Fint* e = ierr != nullptr ? ierr : &rc;
-  if (next != nullptr) next(comm, newcomm, e);
-  if (inside == 0 && *e == MPI_SUCCESS) inherit(PMPI_Comm_f2c(*comm), PMPI_Comm_f2c(*newcomm));
 }
 
 void fortran_dup_with_info(f_dup_with_info next, MPI_Fint* comm, MPI_Fint* info, MPI_Fint* newcomm, MPI_Fint* ierr) {
@@ -676,20 +978,10 @@ void fortran_dup_with_info(f_dup_with_info next, MPI_Fint* comm, MPI_Fint* info,
     static const auto next = next_symbol<f_finalize>(#sym); \
     fortran_finalize(next, e);                              \
   }
-#define CGX_F_COMM_FREE(sym)                                 \
-  CGX_PRELOAD_EXPORT void sym(MPI_Fint* c, MPI_Fint* e) {    \
-    static const auto next = next_symbol<f_comm_free>(#sym); \
-    fortran_comm_free(next, c, e);                           \
-  }
 #define CGX_F_SET_INFO(sym)                                           \
   CGX_PRELOAD_EXPORT void sym(MPI_Fint* c, MPI_Fint* i, MPI_Fint* e) { \
     static const auto next = next_symbol<f_set_info>(#sym);           \
     fortran_set_info(next, c, i, e);                                  \
-  }
-#define CGX_F_DUP(sym)                                                \
-  CGX_PRELOAD_EXPORT void sym(MPI_Fint* c, MPI_Fint* d, MPI_Fint* e) { \
-    static const auto next = next_symbol<f_dup>(#sym);                \
-    fortran_dup(next, c, d, e);                                       \
   }
 #define CGX_F_DUP_WITH_INFO(sym)                                                   \
   CGX_PRELOAD_EXPORT void sym(MPI_Fint* c, MPI_Fint* i, MPI_Fint* d, MPI_Fint* e) { \
@@ -700,8 +992,7 @@ void fortran_dup_with_info(f_dup_with_info next, MPI_Fint* comm, MPI_Fint* info,
 #define CGX_F_ALL(macro, lower, upper) macro(lower) macro(lower##_) macro(lower##__) macro(upper) macro(lower##_f08_)
 CGX_F_ALL(CGX_F_ALLREDUCE, mpi_allreduce, MPI_ALLREDUCE)
 CGX_F_ALL(CGX_F_FINALIZE, mpi_finalize, MPI_FINALIZE)
-CGX_F_ALL(CGX_F_COMM_FREE, mpi_comm_free, MPI_COMM_FREE)
 CGX_F_ALL(CGX_F_SET_INFO, mpi_comm_set_info, MPI_COMM_SET_INFO)
-CGX_F_ALL(CGX_F_DUP, mpi_comm_dup, MPI_COMM_DUP)
 CGX_F_ALL(CGX_F_DUP_WITH_INFO, mpi_comm_dup_with_info, MPI_COMM_DUP_WITH_INFO)
 #endif  // OPEN_MPI
+

@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 namespace cgx_preload {
@@ -33,14 +34,17 @@ class plan {
 
 /// How a plan is made.
 struct plan_request {
-  MPI_Comm comm = MPI_COMM_NULL;  ///< the caller's communicator (the plan duplicates it)
+  MPI_Comm comm = MPI_COMM_NULL;  ///< the communicator the plan duplicates (the preload's control communicator)
   std::size_t capacity = 0;       ///< values
   int bits = 0;                   ///< 1..8: quant::maxmin<bits, 1024, stochastic>; 0: error-bounded
   std::size_t native_below = 0;   ///< plan_options::native_below_bytes (cgx::auto_threshold: the plan's pick)
   bool collective_check = false;  ///< plan_options::check = checking::collective (else local)
+  std::uint32_t timeout_ms = 0;   ///< the wait limit of the construction and of every call (0: none)
 };
 
-/// A plan for float values (plans_f32.cpp). Collective over req.comm.
+/// A plan for float values (plans_f32.cpp). Collective over req.comm, bounded by
+/// req.timeout_ms (the transport's duplications and barrier, cgx::comm::mpi); throws
+/// cgx::error (errc::timeout when a rank did not join in time).
 std::unique_ptr<plan> make_plan_f32(const plan_request& req);
 /// A plan for double values (plans_f64.cpp). Collective over req.comm.
 std::unique_ptr<plan> make_plan_f64(const plan_request& req);

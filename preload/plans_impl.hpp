@@ -14,10 +14,16 @@
 
 namespace cgx_preload::detail {
 
+/// The plan's transport over req.comm, its construction bounded by the preload's wait limit.
+inline cgx::comm::mpi transport_of(const plan_request& req) {
+  return cgx::comm::mpi(req.comm, cgx::comm::wait_limit(req.timeout_ms));
+}
+
 inline cgx::plan_options options_of(const plan_request& req) {
   cgx::plan_options o;
   o.native_below_bytes = req.native_below;
   o.check = req.collective_check ? cgx::checking::collective : cgx::checking::local;
+  o.timeout_ms = req.timeout_ms;
   return o;
 }
 
@@ -36,7 +42,7 @@ class maxmin_plan final : public plan {
   using P = cgx::allreduce_plan<T, Q, cgx::comm::scatter_reduce_allgather, cgx::comm::mpi>;
 
  public:
-  explicit maxmin_plan(const plan_request& req) : p_(cgx::comm::mpi(req.comm), req.capacity, options_of(req)) {}
+  explicit maxmin_plan(const plan_request& req) : p_(transport_of(req), req.capacity, options_of(req)) {}
   traffic run(void* buf, std::size_t n, double) override {
     p_(static_cast<T*>(buf), n);
     traffic t;
@@ -61,7 +67,7 @@ class bound_plan final : public plan {
                                     cgx::comm::mpi>;
 
  public:
-  explicit bound_plan(const plan_request& req) : p_(cgx::comm::mpi(req.comm), req.capacity, options_of(req)) {}
+  explicit bound_plan(const plan_request& req) : p_(transport_of(req), req.capacity, options_of(req)) {}
   traffic run(void* buf, std::size_t n, double bound) override {
     p_(static_cast<T*>(buf), n, bound);
     const auto& s = p_.last_stats();
