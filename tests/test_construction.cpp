@@ -11,6 +11,7 @@
 #include <doctest/doctest.h>
 
 #include <cgx/cgx.hpp>
+#include <cgx/comm/mpi_bootstrap.hpp>
 
 #include <mpi.h>
 
@@ -135,6 +136,11 @@ TEST_CASE("a rank late for a hierarchical plan's construction: errc::timeout eve
                                                     cgx::comm::wait_limit(limit_ms)),
                                                 4096, local_checks(limit_ms)};
   });
+}
+
+TEST_CASE("a rank late for comm::mpi_bootstrap's construction (the device transports' set-up): errc::timeout") {
+  if (cgx_test::world_size() < 2) return;
+  late_rank([](MPI_Comm c) { cgx::comm::mpi_bootstrap b(c, cgx::comm::wait_limit(limit_ms)); });
 }
 
 TEST_CASE("the default construction limit is CGX_TIMEOUT_MS; a malformed one is errc::invalid_argument") {

@@ -51,17 +51,26 @@ class mpi_bootstrap {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);  // errors become cgx::error, not an abort
     detail::check_mpi(MPI_Comm_rank(comm_, &rank_), "cgx::comm::mpi_bootstrap: MPI_Comm_rank");
     detail::check_mpi(MPI_Comm_size(comm_, &size_), "cgx::comm::mpi_bootstrap: MPI_Comm_size");
+    // A rank that completes the duplication its peers gave up on must fail too: they never
+    // post this barrier. (The communicator is then kept, not freed: abandoned_.)
+    barrier();
   }
   /// Takes over o's communicator; o holds none after.
   mpi_bootstrap(mpi_bootstrap&& o) noexcept
-      : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_), limit_(o.limit_) {}
+      : comm_(std::exchange(o.comm_, MPI_COMM_NULL)),
+        rank_(o.rank_),
+        size_(o.size_),
+        limit_(o.limit_),
+        abandoned_(o.abandoned_) {}
   mpi_bootstrap(const mpi_bootstrap&) = delete;
   mpi_bootstrap& operator=(const mpi_bootstrap&) = delete;
   mpi_bootstrap& operator=(mpi_bootstrap&&) = delete;
   ~mpi_bootstrap() {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (comm_ != MPI_COMM_NULL && !finalized) (void)MPI_Comm_free(&comm_);
+    // A step that timed out is still MPI's, on this communicator: it is kept (freeing it
+    // would let MPI progress a collective on a freed communicator).
+    if (comm_ != MPI_COMM_NULL && !finalized && !abandoned_) (void)MPI_Comm_free(&comm_);
   }
 
   /// This process's rank.
@@ -130,6 +139,7 @@ class mpi_bootstrap {
   void finish(MPI_Request& r, std::shared_ptr<void> keep, const char* what) const {
     if (detail::wait_bounded(std::span<MPI_Request>(&r, 1), limit_, what)) return;
     detail::abandon(std::span<MPI_Request>(&r, 1), std::move(keep));
+    abandoned_ = true;
     throw cgx::error(errc::timeout, "cgx::comm::mpi_bootstrap: " + detail::construction_timeout(limit_, what));
   }
 
@@ -137,6 +147,7 @@ class mpi_bootstrap {
   int rank_ = 0;
   int size_ = 1;
   wait_limit limit_{0};
+  mutable bool abandoned_ = false;  // a step timed out: the communicator is never freed
 };
 
 /// An MPI_Comm is a bootstrap source: `make(comm)` is mpi_bootstrap(comm).
