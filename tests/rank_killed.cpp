@@ -6,7 +6,9 @@
 // tests/hydra_keep_survivors.sh, which says why), and wants both survivors' PASS.
 //
 // Rank 1 is killed (SIGKILL, no cleanup, as by the OOM killer) at the moment its first
-// message of the call has arrived, through the receive hook of plan_options::verify.
+// message of the call has arrived, through the receive hook of plan_options::verify. With
+// the argument `construction` (issue 47) it is killed before the plan is built instead: the
+// survivors' construction (comm::mpi's MPI_Comm_idup, bounded) must throw errc::timeout.
 // Prints "PASS rank R" per survivor, or "FAIL rank R: why"; exits 0 / 1.
 #include <cgx/cgx.hpp>
 
@@ -14,6 +16,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,16 +42,26 @@ int main(int argc, char** argv) {
   o.native_below_bytes = 0;
   const std::size_t n = std::size_t{1} << 20;
   using Q = cgx::quant::maxmin<4, 1024, cgx::quant::stochastic>;
-  cgx::allreduce_plan<float, Q, cgx::comm::scatter_reduce_allgather, cgx::comm::mpi> plan{
-      cgx::comm::mpi{MPI_COMM_WORLD}, n, o};
+  using P = cgx::allreduce_plan<float, Q, cgx::comm::scatter_reduce_allgather, cgx::comm::mpi>;
+  const bool at_construction = argc > 1 && std::string(argv[1]) == "construction";
+  std::unique_ptr<P> plan;
+  if (!at_construction) plan = std::make_unique<P>(cgx::comm::mpi{MPI_COMM_WORLD}, n, o);
   std::vector<float> v(n, 1.0f);
   MPI_Barrier(MPI_COMM_WORLD);
-  if (r == 1) cgx::comm::detail::received_payload_hook = &kill_self;
+  if (r == 1) {
+    if (at_construction) std::raise(SIGKILL);
+    cgx::comm::detail::received_payload_hook = &kill_self;
+  }
   const double t0 = MPI_Wtime();
   std::string fail;
   try {
-    plan(v.data(), n);
-    fail = "the call returned although rank 1 died inside it";
+    if (at_construction) {
+      P built(cgx::comm::mpi(MPI_COMM_WORLD, cgx::comm::wait_limit(o.timeout_ms)), n, o);
+      fail = "the plan was built although rank 1 died before its construction";
+    } else {
+      (*plan)(v.data(), n);
+      fail = "the call returned although rank 1 died inside it";
+    }
   } catch (const cgx::error& e) {
     const double waited = MPI_Wtime() - t0;
     const std::string what = e.what();

@@ -251,6 +251,8 @@ class mpi {
       MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     };
     auto d = std::make_shared<duplicates>();
+    int me = 0;
+    MPI_Comm_rank(comm, &me);
     detail::check_mpi(MPI_Comm_idup(comm, &d->out[0], &d->req[0]), "MPI_Comm_idup");
     const int rc = MPI_Comm_idup(comm, &d->out[1], &d->req[1]);
     if (rc != MPI_SUCCESS) {
@@ -259,8 +261,9 @@ class mpi {
     }
     if (!detail::wait_bounded(d->req, limit_, "MPI_Comm_idup")) {
       detail::abandon(d->req, d);
-      throw cgx::error(errc::timeout, "cgx::comm::mpi: " + detail::construction_timeout(limit_, "the duplication of "
-                                                                                       "the communicator (MPI_Comm_idup)"));
+      throw cgx::error(errc::timeout, "cgx::comm::mpi (rank " + std::to_string(me) + "): " +
+                                          detail::construction_timeout(limit_, "the duplication of the communicator "
+                                                                               "(MPI_Comm_idup)"));
     }
     comm_ = d->out[0];
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
