@@ -47,6 +47,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <map>
 #include <memory>
@@ -262,13 +263,15 @@ void add(counter c, std::uint64_t v) noexcept { stats[c].fetch_add(v, std::memor
 // a duplicate gets its parent's hints, never its plans. A handle that MPI reuses for a
 // new communicator therefore never meets the old one's state.
 
-/// A non-blocking operation that a call started and gave up on (its wait limit passed):
-/// MPI cannot cancel it, so it stays pending and the next call on the communicator
-/// waits for it again, before it starts anything new. Its memory is MPI's until it
-/// completes: when the communicator goes first, it is kept for the life of the process.
+/// cgx's two duplicates of a caller's communicator, made by the first opted-in call with
+/// MPI_Comm_idup: the control communicator (the agreements and the notices) and the
+/// plans' parent. When a call gives up waiting (its wait limit passed), the duplication
+/// stays pending (MPI cannot cancel it) and the next call waits for it again. Its memory
+/// is MPI's until it completes: when the communicator goes first, it is kept for the
+/// life of the process.
 struct pending_dup {
-  MPI_Comm out = MPI_COMM_NULL;
-  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_Comm out[2] = {MPI_COMM_NULL, MPI_COMM_NULL};
+  MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
 };
 
 /// What one rank brings to the agreement of a call (see agree()).
@@ -278,18 +281,20 @@ struct proposal {
   std::int64_t hash = 0;   ///< the setting (bits, bound, minimum size, checking): 62 bits
   std::int64_t gen = -1;   ///< the generation of this rank's plan of that key; -1: none
   std::int64_t ever = -1;  ///< the largest generation this rank ever built on this communicator
-  bool operator==(const proposal&) const = default;
+  std::int64_t cap = -1;   ///< the capacity of that plan; -1: none
 };
-constexpr int n_fields = 5;
+constexpr int n_fields = 6;
 
-/// An agreement in flight: max of (fields, -fields) over the ranks of the control communicator.
+/// One call's agreement: max of (fields, -fields) over the ranks of the control
+/// communicator, in flight until the call (or a later one) has processed it.
 struct pending_round {
-  proposal mine;   ///< what this rank contributed
-  int kind = 0;    ///< and the call it was for: value type and setting (to build the agreed plan)
+  std::int64_t index = 0;  ///< this rank's agreements on the communicator are numbered 0, 1, ...
+  int kind = 0;            ///< the call's value type and setting (to build the agreed plan)
   setting s;
   std::int64_t in[2 * n_fields] = {};
   std::int64_t out[2 * n_fields] = {};
   MPI_Request req = MPI_REQUEST_NULL;
+  bool abandoned = false;  ///< its call gave up waiting for it (and told the peers)
 };
 
 /// Memory that MPI may still write into (the buffers of operations that were given up on
@@ -316,9 +321,13 @@ struct comm_state {
   std::optional<setting> info;  // from cgx_* info keys (overrides the environment)
   std::uint64_t seq = 0;        // creation order: plans are freed in it at MPI_Finalize
   std::mutex call;              // one cgx call at a time per communicator (MPI_THREAD_MULTIPLE); guards the rest
-  MPI_Comm control = MPI_COMM_NULL;      // cgx's duplicate: the agreements, and the plans' parent
-  std::shared_ptr<pending_dup> creating;  // its MPI_Comm_idup, while a call gave up waiting for it
-  std::shared_ptr<pending_round> round;   // an agreement a call gave up waiting for
+  MPI_Comm control = MPI_COMM_NULL;       // cgx's duplicate for the agreements and the notices
+  MPI_Comm parent = MPI_COMM_NULL;        // cgx's duplicate the plans duplicate (their construction)
+  std::shared_ptr<pending_dup> creating;  // their MPI_Comm_idup, while a call gave up waiting for it
+  std::deque<std::shared_ptr<pending_round>> rounds;  // posted, not yet processed; oldest first
+  std::int64_t next_round = 0;            // the index of this rank's next agreement
+  std::int64_t abandoned = -1;            // the largest agreement index a peer said it gave up on
+  std::vector<std::shared_ptr<std::int64_t>> notices;  // the buffers of the notices sent
   std::map<int, plan_slot> plans;         // key: 16 * (0 float, 1 double) + bits
   std::int64_t ever = -1;                 // the largest plan generation built here
   bool finalized = false;                 // MPI_Finalize released everything (no more MPI calls)
@@ -362,10 +371,14 @@ void release_plans(comm_state& s) noexcept {
     }
   }
   s.plans.clear();
-  if (s.control != MPI_COMM_NULL) PMPI_Comm_free(&s.control);  // pending operations on it complete normally
-  s.control = MPI_COMM_NULL;
+  // Pending operations on them complete normally (MPI_Comm_free).
+  if (s.control != MPI_COMM_NULL) PMPI_Comm_free(&s.control);
+  if (s.parent != MPI_COMM_NULL) PMPI_Comm_free(&s.parent);
   if (s.creating) keep_forever(std::move(s.creating));
-  if (s.round) keep_forever(std::move(s.round));
+  for (auto& r : s.rounds) keep_forever(std::move(r));
+  s.rounds.clear();
+  for (auto& n : s.notices) keep_forever(std::move(n));
+  s.notices.clear();
 }
 
 /// The attribute's delete callback: MPI_Comm_free, MPI_Comm_disconnect, MPI_Finalize.
@@ -638,79 +651,136 @@ std::string waited(std::uint32_t limit_ms) {
   return "waited more than " + std::to_string(limit_ms) + " ms (CGX_TIMEOUT_MS)";
 }
 
-/// The control communicator of s: cgx's own duplicate of the caller's communicator, made
-/// by the first opted-in call (MPI_Comm_idup, polled against the deadline). A call that
-/// gives up leaves the duplication pending and the next one waits for it again: every
-/// rank duplicates the communicator once, in the same call of a correct program.
+/// The control communicators of s: cgx's two duplicates of the caller's communicator,
+/// made by the first opted-in call (MPI_Comm_idup, polled against the deadline). A call
+/// that gives up leaves them pending and the next one waits for them again: every rank
+/// duplicates the communicator once, in the same call of a correct program.
 void ensure_control(comm_state& s, MPI_Comm user, clock_type::time_point deadline, std::uint32_t limit_ms) {
   if (s.control != MPI_COMM_NULL) return;
   if (!s.creating) {
     auto d = std::make_shared<pending_dup>();
-    const int rc = PMPI_Comm_idup(user, &d->out, &d->req);
+    int rc = PMPI_Comm_idup(user, &d->out[0], &d->req[0]);
+    if (rc == MPI_SUCCESS) rc = PMPI_Comm_idup(user, &d->out[1], &d->req[1]);
+    s.creating = std::move(d);  // (a first one that started stays with MPI)
     if (rc != MPI_SUCCESS) throw cgx::error(cgx::errc::transport, "MPI_Comm_idup of the communicator failed");
-    s.creating = std::move(d);
   }
-  if (!wait_until(s.creating->req, deadline, "MPI_Comm_idup"))
-    throw cgx::error(cgx::errc::timeout,
-                     waited(limit_ms) + " for the other ranks to join the first compressed MPI_Allreduce on this "
-                                        "communicator (cgx's duplication of it, MPI_Comm_idup); no data moved, and "
-                                        "the next call on this communicator waits for that duplication again");
-  s.control = s.creating->out;
+  for (MPI_Request& r : s.creating->req)
+    if (!wait_until(r, deadline, "MPI_Comm_idup"))
+      throw cgx::error(cgx::errc::timeout,
+                       waited(limit_ms) + " for the other ranks to join the first compressed MPI_Allreduce on this "
+                                          "communicator (cgx's duplication of it, MPI_Comm_idup); no data moved, and "
+                                          "the next call on this communicator waits for that duplication again");
+  s.control = s.creating->out[0];
+  s.parent = s.creating->out[1];
   s.creating.reset();
-  PMPI_Comm_set_errhandler(s.control, MPI_ERRORS_RETURN);
   const int k = keyval.load(std::memory_order_acquire);
-  if (k != MPI_KEYVAL_INVALID) PMPI_Comm_delete_attr(s.control, k);  // the hints it copied: it is cgx's own
+  for (MPI_Comm c : {s.control, s.parent}) {
+    PMPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    if (k != MPI_KEYVAL_INVALID) PMPI_Comm_delete_attr(c, k);  // the hints they copied: they are cgx's own
+  }
 }
 
-/// The result of an agreement: every rank that completes it gets the same.
+constexpr int notice_tag = 1;
+
+/// Tells every peer that this rank gave up on agreement `index` (a small message on the
+/// control communicator, never waited for): a peer that completes that agreement later
+/// knows that the call is dead and fails at once.
+void send_notices(comm_state& s, std::int64_t index) noexcept {
+  int me = 0, p = 0;
+  if (PMPI_Comm_rank(s.control, &me) != MPI_SUCCESS || PMPI_Comm_size(s.control, &p) != MPI_SUCCESS) return;
+  try {
+    auto buf = std::make_shared<std::int64_t>(index);
+    for (int r = 0; r < p; ++r) {
+      if (r == me) continue;
+      MPI_Request req = MPI_REQUEST_NULL;
+      if (PMPI_Isend(buf.get(), 1, MPI_INT64_T, r, notice_tag, s.control, &req) == MPI_SUCCESS)
+        PMPI_Request_free(&req);
+    }
+    s.notices.push_back(std::move(buf));
+  } catch (...) {  // out of memory: the peers find out by their own wait limit
+  }
+}
+
+/// Receives the notices that have arrived (s.abandoned: the largest index).
+void read_notices(comm_state& s) {
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    if (PMPI_Iprobe(MPI_ANY_SOURCE, notice_tag, s.control, &flag, &st) != MPI_SUCCESS || !flag) return;
+    std::int64_t v = -1;
+    if (PMPI_Recv(&v, 1, MPI_INT64_T, st.MPI_SOURCE, notice_tag, s.control, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
+    s.abandoned = std::max(s.abandoned, v);
+  }
+}
+
+/// Posts this call's agreement: one MPI_Iallreduce on the control communicator. Every
+/// call that gets this far posts exactly one, whatever happened to the earlier ones, so
+/// the k-th agreement of every rank belongs to its k-th such call: calls pair by their
+/// position, as MPI's collectives do.
+std::shared_ptr<pending_round> post_round(comm_state& s, const proposal& mine, int kind, const setting& st) {
+  auto r = std::make_shared<pending_round>();
+  r->index = s.next_round;
+  r->kind = kind;
+  r->s = st;
+  const std::int64_t f[n_fields] = {mine.count, mine.key, mine.hash, mine.gen, mine.ever, mine.cap};
+  for (int i = 0; i < n_fields; ++i) {
+    r->in[i] = f[i];
+    r->in[n_fields + i] = -f[i];
+  }
+  if (PMPI_Iallreduce(r->in, r->out, 2 * n_fields, MPI_INT64_T, MPI_MAX, s.control, &r->req) != MPI_SUCCESS)
+    throw cgx::error(cgx::errc::transport, "MPI_Iallreduce (cgx's agreement) failed");
+  ++s.next_round;
+  s.rounds.push_back(r);
+  return r;
+}
+
+/// A completed agreement: every rank that completes it gets the same.
 struct agreement {
   proposal max, min;
-  int kind = 0;        ///< this rank's contribution's value type and setting (the agreed ones when they agree)
-  setting s;
-  bool stale = false;  ///< this rank contributed for an earlier call, whose proposal differs from this call's
+  [[nodiscard]] bool mismatch() const noexcept {
+    return max.count != min.count || max.key != min.key || max.hash != min.hash;
+  }
+  /// Every rank holds the same plan (one generation, built together), large enough.
+  [[nodiscard]] bool reuse() const noexcept { return min.gen == max.gen && min.gen >= 0 && min.cap >= max.count; }
 };
 
-/// The agreement of a call: one MPI_Iallreduce (max of fields and of their negations) on
-/// the control communicator, polled against the deadline. Every compressed call makes
-/// exactly one, in call order, so the k-th agreement of every rank is the same
-/// reduction. A call that gives up leaves it pending, and the next call of this rank
-/// waits for it again instead of starting another (so a rank never has two, and the
-/// ranks' k-th agreements stay the same collective): it counts as that call's
-/// agreement when this rank's proposal did not change (a matched call after a failure:
-/// the plan state a rank brings changes only through the calls that complete an
-/// agreement), and as `stale` otherwise (the call itself is mismatched).
-agreement agree(comm_state& s, const proposal& mine, int kind, const setting& st, clock_type::time_point deadline,
-                std::uint32_t limit_ms) {
-  if (!s.round) {
-    auto r = std::make_shared<pending_round>();
-    r->mine = mine;
-    r->kind = kind;
-    r->s = st;
-    const std::int64_t f[n_fields] = {mine.count, mine.key, mine.hash, mine.gen, mine.ever};
-    for (int i = 0; i < n_fields; ++i) {
-      r->in[i] = f[i];
-      r->in[n_fields + i] = -f[i];
-    }
-    const int rc = PMPI_Iallreduce(r->in, r->out, 2 * n_fields, MPI_INT64_T, MPI_MAX, s.control, &r->req);
-    if (rc != MPI_SUCCESS) throw cgx::error(cgx::errc::transport, "MPI_Iallreduce (cgx's agreement) failed");
-    s.round = std::move(r);
-  }
-  if (!wait_until(s.round->req, deadline, "MPI_Iallreduce (cgx's agreement)"))
-    throw cgx::error(cgx::errc::timeout,
-                     waited(limit_ms) + " for the other ranks to join this MPI_Allreduce (cgx's agreement on the "
-                                        "count and the plan); no data moved");
-  const std::shared_ptr<pending_round> r = std::move(s.round);
+agreement decode(const pending_round& r) {
   agreement a;
-  std::int64_t* mx[n_fields] = {&a.max.count, &a.max.key, &a.max.hash, &a.max.gen, &a.max.ever};
-  std::int64_t* mn[n_fields] = {&a.min.count, &a.min.key, &a.min.hash, &a.min.gen, &a.min.ever};
+  std::int64_t* mx[n_fields] = {&a.max.count, &a.max.key, &a.max.hash, &a.max.gen, &a.max.ever, &a.max.cap};
+  std::int64_t* mn[n_fields] = {&a.min.count, &a.min.key, &a.min.hash, &a.min.gen, &a.min.ever, &a.min.cap};
   for (int i = 0; i < n_fields; ++i) {
-    *mx[i] = r->out[i];
-    *mn[i] = -r->out[n_fields + i];
+    *mx[i] = r.out[i];
+    *mn[i] = -r.out[n_fields + i];
   }
-  a.kind = r->kind;
-  a.s = r->s;
-  a.stale = !(r->mine == mine);
   return a;
+}
+
+/// What an agreement makes every rank that completes it do collectively: nothing when it
+/// refuses the call (a mismatch) or reuses the plan; otherwise every rank builds the
+/// agreed plan together (from s.parent, bounded by the wait limit), also for an agreement
+/// whose call this rank gave up on (so the plans' parent sees the same constructions, in
+/// the same order, on every rank). Returns the plan's key, or -1 when nothing was built.
+int follow(comm_state& s, const pending_round& r, const agreement& a, const config& c) {
+  if (a.mismatch() || a.reuse()) return -1;
+  const int key = static_cast<int>(a.max.key);
+  auto& slot = s.plans[key];
+  slot.plan.reset();
+  slot.gen = -1;
+  cgx_preload::plan_request req;
+  req.comm = s.parent;
+  req.capacity = std::bit_ceil(std::max<std::size_t>(static_cast<std::size_t>(a.max.count), 4096));
+  req.bits = r.s.bits;
+  // A threshold the user gave is the plan's too (on one node as well); otherwise the
+  // plan picks its own (cgx::auto_threshold: larger on one node).
+  req.native_below = r.s.min_bytes ? *r.s.min_bytes : std::numeric_limits<std::size_t>::max();
+  req.collective_check = c.collective_check;
+  req.timeout_ms = c.timeout_ms;
+  const std::int64_t gen = std::max(a.max.gen, a.max.ever) + 1;  // the same on every rank
+  s.ever = std::max(s.ever, gen);
+  slot.plan = r.kind == 0 ? cgx_preload::make_plan_f32(req) : cgx_preload::make_plan_f64(req);
+  slot.gen = gen;
+  add(n_plans, 1);
+  return key;
 }
 
 std::int64_t setting_hash(const setting& s, std::size_t min_bytes, bool check) {
@@ -729,6 +799,15 @@ std::int64_t setting_hash(const setting& s, std::size_t min_bytes, bool check) {
 }
 
 /// The common body of the C and Fortran MPI_Allreduce; `pass` runs the call unchanged.
+///
+/// A compressed call: (1) the control communicators, once; (2) this call's agreement is
+/// posted; (3) the agreements of earlier calls that gave up waiting are completed in
+/// order (bounded) and followed without data (follow()); (4) this call's agreement
+/// completes (bounded): different counts or settings refuse the call on every rank
+/// before any data moves; otherwise every rank reuses its plan or all build a new one;
+/// (5) a rank that learns that a peer gave up on this call (a notice) fails at once, a
+/// late rank never succeeds; (6) the data moves. A call that gives up in (3) or (4)
+/// tells its peers (send_notices) and leaves its agreement for the next call.
 template <class Pass>
 int allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm, Pass pass) {
   if (inside > 0) return pass();
@@ -764,8 +843,9 @@ int allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype type, 
   }
   const auto t0 = clock_type::now();
   const int key = 16 * kind + s.bits;
-  bool touched = false;  // a plan was built or run: a failure drops it
-  int used_key = key;    // the plan's key (the agreed one)
+  int touched = -1;  // the key of a plan that was built or run: a failure drops it
+  bool moved = false;
+  std::shared_ptr<pending_round> mine;
   std::unique_lock<std::mutex> g;
   try {
     if (e == nullptr) e = get_state(comm);
@@ -773,58 +853,61 @@ int allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype type, 
     const inside_cgx guard;
     const auto deadline = deadline_of(c.timeout_ms);
     ensure_control(*e, comm, deadline, c.timeout_ms);
-    proposal mine;
-    mine.count = count;
-    mine.key = key;
-    mine.hash = setting_hash(s, min_bytes, c.collective_check);
+    proposal prop;
+    prop.count = count;
+    prop.key = key;
+    prop.hash = setting_hash(s, min_bytes, c.collective_check);
     const auto it = e->plans.find(key);
-    mine.gen = it != e->plans.end() && it->second.plan ? it->second.gen : -1;
-    mine.ever = e->ever;
-    const agreement a = agree(*e, mine, kind, s, deadline, c.timeout_ms);
-    // Every rank that completed this agreement decides the same from here on, and takes
-    // the same collective steps on the control communicator (a rebuild's duplications).
+    if (it != e->plans.end() && it->second.plan) {
+      prop.gen = it->second.gen;
+      prop.cap = static_cast<std::int64_t>(it->second.plan->capacity());
+    }
+    prop.ever = e->ever;
+    mine = post_round(*e, prop, kind, s);
+    const std::int64_t index = mine->index;
+    agreement a;
+    while (!e->rounds.empty()) {
+      const std::shared_ptr<pending_round> r = e->rounds.front();
+      if (!wait_until(r->req, deadline, "MPI_Iallreduce (cgx's agreement)"))
+        throw cgx::error(cgx::errc::timeout,
+                         waited(c.timeout_ms) + " for the other ranks to join " +
+                             (r == mine ? std::string("this MPI_Allreduce")
+                                        : "an earlier MPI_Allreduce on this communicator that gave up waiting") +
+                             " (cgx's agreement on the count and the plan); no data moved");
+      e->rounds.pop_front();
+      if (r == mine) {
+        a = decode(*r);
+        break;
+      }
+      touched = follow(*e, *r, decode(*r), c);  // an earlier call's: its plan, no data
+      touched = -1;
+    }
+    mine.reset();
+    // Every rank that completed this agreement decides the same from here on.
     if (a.max.count != a.min.count)
       throw cgx::error(cgx::errc::mismatch, "the ranks passed different counts to this MPI_Allreduce (from " +
                                                 std::to_string(a.min.count) + " to " + std::to_string(a.max.count) +
                                                 " values); every rank refuses it, no data moved");
-    if (a.max.key != a.min.key || a.max.hash != a.min.hash)
+    if (a.mismatch())
       throw cgx::error(cgx::errc::mismatch,
                        "the ranks differ in this MPI_Allreduce's value type or cgx setting (bits, error bound, "
                        "minimum size: hints or environment); every rank refuses it, no data moved");
-    // The agreed plan (the same key on every rank): this rank's own contribution's.
-    const int akey = static_cast<int>(a.max.key);
-    const std::size_t an = static_cast<std::size_t>(a.max.count);
-    used_key = akey;
-    auto& slot = e->plans[akey];
-    const bool reuse = a.min.gen == a.max.gen && a.min.gen >= 0 && slot.plan && slot.gen == a.max.gen &&
-                       slot.plan->capacity() >= an;
-    // (All ranks with the same generation hold plans of the same capacity: they were
-    // built together, from one agreement.)
-    touched = true;
-    if (!reuse) {
-      slot.plan.reset();
-      slot.gen = -1;
-      cgx_preload::plan_request req;
-      req.comm = e->control;
-      req.capacity = std::bit_ceil(std::max<std::size_t>(an, 4096));
-      req.bits = a.s.bits;
-      // A threshold the user gave is the plan's too (on one node as well); otherwise the
-      // plan picks its own (cgx::auto_threshold: larger on one node).
-      req.native_below = a.s.min_bytes ? *a.s.min_bytes : std::numeric_limits<std::size_t>::max();
-      req.collective_check = c.collective_check;
-      req.timeout_ms = c.timeout_ms;
-      const std::int64_t gen = std::max(a.max.gen, a.max.ever) + 1;  // the same on every rank
-      e->ever = std::max(e->ever, gen);
-      slot.plan = a.kind == 0 ? cgx_preload::make_plan_f32(req) : cgx_preload::make_plan_f64(req);
-      slot.gen = gen;
-      add(n_plans, 1);
-    }
-    if (a.stale)
-      throw cgx::error(cgx::errc::mismatch,
-                       "this rank's call differs from the one its peers agreed on (its previous call on this "
-                       "communicator gave up waiting, and that call's agreement completed only now); no data moved "
-                       "on this rank");
+    touched = key;
+    pending_round self;
+    self.kind = kind;
+    self.s = s;
+    follow(*e, self, a, c);
+    read_notices(*e);
+    if (e->abandoned >= index)
+      throw cgx::error(cgx::errc::timeout,
+                       "this rank arrived after a peer gave up waiting for it in this MPI_Allreduce (the peer's "
+                       "wait limit, CGX_TIMEOUT_MS, passed); no data moved");
+    auto& slot = e->plans[key];
+    if (!slot.plan || slot.gen != (a.reuse() ? a.max.gen : std::max(a.max.gen, a.max.ever) + 1))
+      throw cgx::error(cgx::errc::mismatch,  // its plan changed since it posted the agreement (earlier failures)
+                       "this rank's plan is not the one its peers agreed on; no data moved");
     if (sendbuf != MPI_IN_PLACE && sendbuf != recvbuf) std::memmove(recvbuf, sendbuf, n * value_bytes);
+    moved = true;
     const cgx_preload::traffic t = slot.plan->run(recvbuf, n, s.bound);
     add(t.native ? n_native : n_compressed, 1);
     if (!t.native) {
@@ -834,18 +917,25 @@ int allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype type, 
     }
     add(t_cgx_ns, static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count()));
     return MPI_SUCCESS;
-  } catch (const cgx::error& err) {
-    if (touched) release_one(*e, used_key);
-    return fail(comm, mpi_code(err), err.what(), count, touched);
-  } catch (const std::bad_alloc&) {
-    if (touched) release_one(*e, used_key);
-    return fail(comm, MPI_ERR_NO_MEM, "out of memory", count, touched);
-  } catch (const std::exception& err) {
-    if (touched) release_one(*e, used_key);
-    return fail(comm, MPI_ERR_OTHER, err.what(), count, touched);
   } catch (...) {
-    if (touched) release_one(*e, used_key);
-    return fail(comm, MPI_ERR_OTHER, "unknown exception", count, touched);
+    // This call's agreement, still pending: the peers hear that this rank gave up.
+    if (mine && !mine->abandoned && e != nullptr && e->control != MPI_COMM_NULL) {
+      mine->abandoned = true;
+      const inside_cgx guard;
+      send_notices(*e, mine->index);
+    }
+    if (touched >= 0 && e != nullptr) release_one(*e, touched);
+    try {
+      throw;
+    } catch (const cgx::error& err) {
+      return fail(comm, mpi_code(err), err.what(), count, moved);
+    } catch (const std::bad_alloc&) {
+      return fail(comm, MPI_ERR_NO_MEM, "out of memory", count, moved);
+    } catch (const std::exception& err) {
+      return fail(comm, MPI_ERR_OTHER, err.what(), count, moved);
+    } catch (...) {
+      return fail(comm, MPI_ERR_OTHER, "unknown exception", count, moved);
+    }
   }
 }
 
