@@ -86,3 +86,36 @@ cgx_hide() {
     fi
   done
 }
+
+# cgx_debian_source PKG VERSION DIR: downloads Debian's source package PKG=VERSION (the
+# .dsc, the upstream tarball, Debian's changes) into DIR, unless DIR already holds its
+# .dsc. It uses a private apt setup under DIR/.apt (deb-src entries made from the
+# system's own deb entries, its own package lists): the system's apt configuration is
+# not changed, and no root is needed. apt checks the files against the signed lists.
+cgx_debian_source() {
+  local pkg="$1" ver="$2" dir="$3"
+  [ -f "$dir/${pkg}_${ver#*:}.dsc" ] && return 0
+  command -v apt-get >/dev/null 2>&1 || { echo "cgx: apt-get is needed to download $pkg's source" >&2; return 1; }
+  mkdir -p "$dir" && dir=$(cd "$dir" && pwd) || return 1
+  local a="$dir/.apt"
+  mkdir -p "$a/lists/partial" "$a/cache/archives/partial" "$a/sources.list.d" "$a/preferences.d" || return 1
+  : > "$a/sources.list"; : > "$a/preferences"
+  local f n=0
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    sed -E 's/^Types:.*/Types: deb-src/' "$f" > "$a/sources.list.d/src$n.sources"; n=$((n + 1))
+  done
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [ -f "$f" ] || continue
+    sed -nE 's/^deb[[:space:]]+/deb-src /p' "$f" > "$a/sources.list.d/src$n.list"; n=$((n + 1))
+  done
+  local opts=(-q -o "Dir::Etc::SourceList=$a/sources.list" -o "Dir::Etc::SourceParts=$a/sources.list.d"
+              -o "Dir::State::Lists=$a/lists" -o "Dir::Cache=$a/cache" -o "Dir::Etc::Preferences=$a/preferences"
+              -o "Dir::Etc::PreferencesParts=$a/preferences.d" -o "Debug::NoLocking=1"
+              -o "APT::Sandbox::User=$(id -un)")
+  apt-get "${opts[@]}" update > "$a/update.log" 2>&1 ||
+    { cat "$a/update.log" >&2; echo "cgx: apt-get update (deb-src) failed" >&2; return 1; }
+  (cd "$dir" && apt-get "${opts[@]}" source --download-only "$pkg=$ver") > "$a/source.log" 2>&1 ||
+    { cat "$a/source.log" >&2; echo "cgx: apt-get source $pkg=$ver failed" >&2; return 1; }
+  [ -f "$dir/${pkg}_${ver#*:}.dsc" ] || { echo "cgx: apt-get source $pkg=$ver left no .dsc in $dir" >&2; return 1; }
+}
