@@ -19,7 +19,7 @@ namespace cgx::c_api {
 template <class T, class Q, class R>
 class allreduce_impl final : public allreduce_iface {
  public:
-  allreduce_impl(MPI_Comm comm, std::size_t max_count, const plan_options& o) : plan_(comm::mpi(comm), max_count, o) {}
+  allreduce_impl(MPI_Comm comm, std::size_t max_count, const plan_options& o) : plan_(make_transport(comm, o), max_count, o) {}
   void run(void* buf, std::size_t n) override { plan_(static_cast<T*>(buf), n); }
   void start(void* buf, std::size_t n) override { plan_.start(static_cast<T*>(buf), n); }
   void wait() override { plan_.wait(); }

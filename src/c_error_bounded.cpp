@@ -17,7 +17,7 @@ namespace {
 template <class T, class R>
 class error_bounded_impl final : public error_bounded_iface {
  public:
-  error_bounded_impl(MPI_Comm comm, std::size_t max_count, const plan_options& o) : plan_(comm::mpi(comm), max_count, o) {}
+  error_bounded_impl(MPI_Comm comm, std::size_t max_count, const plan_options& o) : plan_(make_transport(comm, o), max_count, o) {}
   void run(void* buf, std::size_t n, double bound) override { plan_(static_cast<T*>(buf), n, bound); }
   cgx::error_bounded_stats stats() const override { return plan_.last_stats(); }
 

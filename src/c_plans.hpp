@@ -8,12 +8,14 @@
 
 #include <cgx/c.h>
 
+#include <cgx/comm/mpi.hpp>
 #include <cgx/error_bounded_plan.hpp>
 #include <cgx/plan_common.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 
 namespace cgx::c_api {
 
@@ -40,6 +42,18 @@ class error_bounded_iface {
   virtual void run(void* buf, std::size_t n, double bound) = 0;
   [[nodiscard]] virtual cgx::error_bounded_stats stats() const = 0;
 };
+
+/// The transport of a plan over `comm` with options `o` (resolved by c_api.cpp): where
+/// comm::mpi's construction takes a wait limit, the plan's own, so that neither the
+/// construction nor anything else reads CGX_TIMEOUT_MS again (a C caller who set
+/// timeout_ms is not refused for a malformed variable it does not use).
+template <class X = comm::mpi>
+X make_transport(MPI_Comm comm, const plan_options& o) {
+  if constexpr (std::is_constructible_v<X, MPI_Comm, comm::wait_limit>)
+    return X(comm, comm::wait_limit(o.timeout_ms));
+  else
+    return X(comm);
+}
 
 /// What a max-min plan is made of, checked by c_api.cpp before it gets here.
 struct allreduce_spec {

@@ -129,7 +129,7 @@ static int run_maxmin(const maxmin_case* k, size_t n, int rank, int p) {
            k->rounding == CGX_NEAREST ? "nearest" : "stochastic", k->schedule == CGX_SRA ? "SRA" : "ring",
            k->nonblocking ? "start/wait" : "blocking", all_worst, st.raw_bytes, st.compressed_bytes,
            all_worst <= 1 ? "" : "  BOUND VIOLATED");
-  check(cgx_allreduce_destroy(plan), "cgx_allreduce_destroy");
+  check(cgx_allreduce_free(&plan), "cgx_allreduce_free"); /* plan is NULL from here */
   free(mine);
   free(exact);
   free(stat);
@@ -179,7 +179,7 @@ static int run_error_bounded(cgx_schedule s, double rel, size_t n, int rank, int
            s == CGX_SRA ? "SRA" : "ring", rel, bound, all_worst, all_worst / bound, tb[0], tb[1],
            all_worst <= bound + slack ? "" : "  BOUND VIOLATED");
   (void)p;
-  check(cgx_error_bounded_destroy(plan), "cgx_error_bounded_destroy");
+  check(cgx_error_bounded_free(&plan), "cgx_error_bounded_free");
   free(buf);
   free(exact);
   return ok;

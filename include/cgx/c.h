@@ -9,16 +9,48 @@
  *
  * Conventions:
  * - Every function returns a cgx_errc: CGX_OK (0) on success, else the category of
- *   the failure; cgx_last_error() then gives its message (per thread). No C++
- *   exception ever crosses this interface (an allocation failure is CGX_ERR_NO_MEMORY).
+ *   the failure; cgx_last_error() then gives its message (per thread, beginning
+ *   "cgx: " once). The exceptions: the four queries (cgx_last_error,
+ *   cgx_errc_name, cgx_version, cgx_bucket_supported) return their value, and the three
+ *   init functions return nothing (see below).
+ * - No C++ exception ever crosses this interface, by construction: every function is
+ *   defined noexcept (and declared so to C++ callers) and runs its body inside one
+ *   catch-all that turns cgx::error into its code, std::bad_alloc into
+ *   CGX_ERR_NO_MEMORY and anything else into CGX_ERR_INTERNAL, with the message kept
+ *   for cgx_last_error(). tests/c_api/test_c_boundary calls every function of this
+ *   header with a malformed CGX_TIMEOUT_MS in the environment.
+ * - The init functions cannot return a code, so what they find wrong reaches the next
+ *   create: they never read the environment into the struct (timeout_ms stays
+ *   CGX_DEFAULT_TIMEOUT, resolved by the create), so a malformed CGX_TIMEOUT_MS makes
+ *   the create return CGX_ERR_INVALID_ARGUMENT naming the variable and its value, on
+ *   every rank (the create's agreement tells ranks whose environment was valid), before
+ *   any plan is built; the init also leaves that message in cgx_last_error() at once. An
+ *   init that failed for any other reason sets options.timeout_ms to CGX_INIT_FAILED,
+ *   which every create refuses the same way. A configuration filled by hand, without an
+ *   init, is checked by the create just the same.
+ * - Handles: cgx_allreduce_free(&plan) and cgx_error_bounded_free(&plan) free a plan
+ *   and set the handle to NULL, as MPI_Comm_free(&comm) sets MPI_COMM_NULL, so a later
+ *   call with it returns CGX_ERR_INVALID_ARGUMENT ("the plan is NULL") and a second
+ *   free does nothing. The older cgx_allreduce_destroy(plan) and
+ *   cgx_error_bounded_destroy(plan) (by value) stay for source compatibility; they
+ *   cannot reset the caller's copy, which must not be used again. Every function that
+ *   takes a plan returns CGX_ERR_INVALID_ARGUMENT for a NULL plan (destroy and free:
+ *   CGX_OK, nothing to do); none of them crashes on one.
  * - An allreduce that refuses to run (a bad argument, a count above the plan's
  *   capacity, a datatype other than the plan's, a mismatch found before data moves)
  *   leaves the caller's buffer untouched. After a failure *inside* a call (a peer
  *   failed, a timeout, a mismatch found in-band) the buffer may hold partial results
- *   and the plan refuses every later call: destroy it and create a new one.
+ *   and the plan refuses every later call: free it and create a new one. Under local
+ *   checking (CGX_CHECK_LOCAL, and CGX_CHECK_AUTOMATIC in a release build) a refusal by
+ *   the plan itself (a NULL buffer, a count above capacity) is told to the peers at once
+ *   (they return CGX_ERR_PEER_FAILED naming the rank; a peer's buffer may hold partial
+ *   results, as after any failure inside a call) and fails the plan on every rank; the
+ *   refusing rank's buffer is untouched. Under collective checking every rank refuses
+ *   together, every buffer untouched, and the plan goes on working. The C layer's own refusals (the datatype, a
+ *   NULL plan) are local to the rank and leave the plan working.
  * - "Collective" functions must be called by every rank of the plan's communicator, in
  *   the same order, with the same arguments (count, bound, configuration).
- * - A plan duplicates the communicator it is given; destroy every plan before
+ * - A plan duplicates the communicator it is given; free every plan before
  *   MPI_Finalize.
  *
  * The compiled set (the C++ templates instantiated in the library):
@@ -40,6 +72,17 @@
 #else
 #define CGX_C_API
 #endif
+
+/* Every function is noexcept to C++ callers (the library's definitions must match). */
+#ifdef __cplusplus
+#define CGX_C_NOEXCEPT noexcept
+#else
+#define CGX_C_NOEXCEPT
+#endif
+
+/** The revision of this interface: 2 added cgx_allreduce_free, cgx_error_bounded_free,
+ * CGX_INIT_FAILED and the noexcept declarations (undefined before). */
+#define CGX_C_API_VERSION 2
 
 #ifdef __cplusplus
 extern "C" {
@@ -78,8 +121,12 @@ typedef enum cgx_checking { CGX_CHECK_AUTOMATIC = 0, CGX_CHECK_LOCAL = 1, CGX_CH
 #define CGX_BUCKET_SMALL ((size_t)128)
 /** native_below_bytes: let the plan pick its threshold (cgx::auto_threshold). */
 #define CGX_AUTO_THRESHOLD ((size_t)-1)
-/** timeout_ms: the library's default wait limit (10 minutes, or CGX_TIMEOUT_MS). */
+/** timeout_ms: the library's default wait limit (10 minutes, or CGX_TIMEOUT_MS, read by
+ * the create; a malformed value makes it return CGX_ERR_INVALID_ARGUMENT). */
 #define CGX_DEFAULT_TIMEOUT ((int64_t)-1)
+/** timeout_ms as an init function leaves it when it failed (it cannot return a code):
+ * every create refuses the configuration with CGX_ERR_INVALID_ARGUMENT. */
+#define CGX_INIT_FAILED INT64_MIN
 
 /** The options every plan takes (cgx::plan_options). Fill with cgx_options_init. */
 typedef struct cgx_options {
@@ -87,7 +134,7 @@ typedef struct cgx_options {
   uint64_t seed;             /**< seed of stochastic rounding (ranks may differ) */
   int threads;               /**< host threads for (de)compression, per rank; 1 */
   size_t native_below_bytes; /**< calls of fewer bytes go through MPI_Allreduce, exact; CGX_AUTO_THRESHOLD picks (16 MiB on one node, 64 KiB across nodes; error-bounded: every call on one node); 0: always compress */
-  int64_t timeout_ms;        /**< the longest one wait may last, ms; 0: no limit; CGX_DEFAULT_TIMEOUT */
+  int64_t timeout_ms;        /**< the longest one wait may last, ms; 0: no limit; CGX_DEFAULT_TIMEOUT (CGX_INIT_FAILED: see the init functions) */
   int verify;                /**< nonzero: checksum every message (CRC-32C); every rank the same; 0 */
 } cgx_options;
 
@@ -130,63 +177,78 @@ typedef struct cgx_error_bounded_plan cgx_error_bounded_plan;
 
 /** The message of the last failed call on this thread ("" when the last call of this
  * thread succeeded). Valid until this thread's next call of the API. */
-CGX_C_API const char* cgx_last_error(void);
+CGX_C_API const char* cgx_last_error(void) CGX_C_NOEXCEPT;
 /** A short name of a code ("CGX_ERR_MISMATCH", ...); "unknown" for other values. */
-CGX_C_API const char* cgx_errc_name(int code);
+CGX_C_API const char* cgx_errc_name(int code) CGX_C_NOEXCEPT;
 /** The library's version, "major.minor.patch". */
-CGX_C_API const char* cgx_version(void);
+CGX_C_API const char* cgx_version(void) CGX_C_NOEXCEPT;
 /** 1 if `bucket` is compiled in (128 or 1024), else 0. */
-CGX_C_API int cgx_bucket_supported(size_t bucket);
+CGX_C_API int cgx_bucket_supported(size_t bucket) CGX_C_NOEXCEPT;
 
-/** The defaults of cgx_options (cgx::plan_options{}). */
-CGX_C_API void cgx_options_init(cgx_options* o);
-/** The defaults: float, 4 bits, bucket 1024, stochastic, SRA, max_count 0, default options. */
-CGX_C_API void cgx_allreduce_config_init(cgx_allreduce_config* c);
-/** The defaults: double, SRA, max_count 0, default options. */
-CGX_C_API void cgx_error_bounded_config_init(cgx_error_bounded_config* c);
+/** The defaults of cgx_options (cgx::plan_options{}), timeout_ms CGX_DEFAULT_TIMEOUT.
+ * Returns nothing: a malformed CGX_TIMEOUT_MS is reported by the next create (and in
+ * cgx_last_error() now); any other failure leaves timeout_ms CGX_INIT_FAILED, which the
+ * next create refuses; a NULL `o` is ignored (the message says so). */
+CGX_C_API void cgx_options_init(cgx_options* o) CGX_C_NOEXCEPT;
+/** The defaults: float, 4 bits, bucket 1024, stochastic, SRA, max_count 0, default
+ * options. Reports problems as cgx_options_init does. */
+CGX_C_API void cgx_allreduce_config_init(cgx_allreduce_config* c) CGX_C_NOEXCEPT;
+/** The defaults: double, SRA, max_count 0, default options. Reports problems as
+ * cgx_options_init does. */
+CGX_C_API void cgx_error_bounded_config_init(cgx_error_bounded_config* c) CGX_C_NOEXCEPT;
 
 /** Collective over `comm`: a plan for up to c->max_count values; *plan is NULL on
  * failure. CGX_ERR_INVALID_ARGUMENT for bits outside 1..8, a bucket not compiled in, an
  * unknown type, rounding, schedule or checking level, threads < 1, a timeout above
- * 2^32 - 1 ms; CGX_ERR_COMMUNICATOR for MPI_COMM_NULL; CGX_ERR_WORKSPACE when the
- * workspace cannot be allocated. */
-CGX_C_API cgx_errc cgx_allreduce_create(MPI_Comm comm, const cgx_allreduce_config* c, cgx_allreduce_plan** plan);
+ * 2^32 - 1 ms, timeout_ms CGX_DEFAULT_TIMEOUT with a malformed CGX_TIMEOUT_MS in the
+ * environment (the message names it and its value), CGX_INIT_FAILED; any of these on
+ * one rank fails the create on every rank. CGX_ERR_COMMUNICATOR for MPI_COMM_NULL;
+ * CGX_ERR_WORKSPACE when the workspace cannot be allocated. */
+CGX_C_API cgx_errc cgx_allreduce_create(MPI_Comm comm, const cgx_allreduce_config* c, cgx_allreduce_plan** plan) CGX_C_NOEXCEPT;
 /** As cgx_allreduce_create, with a Fortran communicator handle (MPI_Comm_f2c). */
-CGX_C_API cgx_errc cgx_allreduce_create_f(MPI_Fint comm, const cgx_allreduce_config* c, cgx_allreduce_plan** plan);
+CGX_C_API cgx_errc cgx_allreduce_create_f(MPI_Fint comm, const cgx_allreduce_config* c, cgx_allreduce_plan** plan) CGX_C_NOEXCEPT;
 /** Collective: sums buf[0..count) over the ranks, in place, blocking; `type` must be the
  * plan's. Every rank ends with the same bits; the error bound is that of the schedule
  * (include/cgx/comm/scatter_reduce_allgather.hpp, ring.hpp). */
-CGX_C_API cgx_errc cgx_allreduce(cgx_allreduce_plan* plan, void* buf, size_t count, cgx_datatype type);
+CGX_C_API cgx_errc cgx_allreduce(cgx_allreduce_plan* plan, void* buf, size_t count, cgx_datatype type) CGX_C_NOEXCEPT;
 /** Collective: starts the same sum on a background thread and returns; buf must not be
  * touched until cgx_allreduce_wait. MPI must provide MPI_THREAD_SERIALIZED (then make no
  * MPI call until the wait) or MPI_THREAD_MULTIPLE; else CGX_ERR_TRANSPORT. Bad
  * arguments are refused here, buf untouched. */
-CGX_C_API cgx_errc cgx_allreduce_start(cgx_allreduce_plan* plan, void* buf, size_t count, cgx_datatype type);
+CGX_C_API cgx_errc cgx_allreduce_start(cgx_allreduce_plan* plan, void* buf, size_t count, cgx_datatype type) CGX_C_NOEXCEPT;
 /** Completes the sum begun by cgx_allreduce_start and returns its outcome (CGX_OK
  * when none is in flight). */
-CGX_C_API cgx_errc cgx_allreduce_wait(cgx_allreduce_plan* plan);
+CGX_C_API cgx_errc cgx_allreduce_wait(cgx_allreduce_plan* plan) CGX_C_NOEXCEPT;
 /** What the plan's last successful call did, on this rank (zeros before the first). */
-CGX_C_API cgx_errc cgx_allreduce_stats(const cgx_allreduce_plan* plan, cgx_stats* stats);
+CGX_C_API cgx_errc cgx_allreduce_stats(const cgx_allreduce_plan* plan, cgx_stats* stats) CGX_C_NOEXCEPT;
 /** The threshold in use (see cgx_options::native_below_bytes). */
-CGX_C_API cgx_errc cgx_allreduce_native_below_bytes(const cgx_allreduce_plan* plan, size_t* bytes);
-/** Frees the plan (NULL: nothing). A reduction still in flight is waited for first
- * (its outcome is returned). Not collective, but a plan in flight needs its peers. */
-CGX_C_API cgx_errc cgx_allreduce_destroy(cgx_allreduce_plan* plan);
+CGX_C_API cgx_errc cgx_allreduce_native_below_bytes(const cgx_allreduce_plan* plan, size_t* bytes) CGX_C_NOEXCEPT;
+/** Frees *plan and sets *plan to NULL (MPI_Comm_free's convention); *plan NULL:
+ * nothing to do, CGX_OK; `plan` itself NULL: CGX_ERR_INVALID_ARGUMENT. A reduction still
+ * in flight is waited for first (its outcome is returned; the plan is freed either way).
+ * Not collective, but a plan in flight needs its peers. */
+CGX_C_API cgx_errc cgx_allreduce_free(cgx_allreduce_plan** plan) CGX_C_NOEXCEPT;
+/** As cgx_allreduce_free, by value (kept for source compatibility): the caller's handle
+ * is left dangling; prefer cgx_allreduce_free. NULL: nothing, CGX_OK. */
+CGX_C_API cgx_errc cgx_allreduce_destroy(cgx_allreduce_plan* plan) CGX_C_NOEXCEPT;
 
 /** Collective over `comm`: an error-bounded plan for up to c->max_count values. */
-CGX_C_API cgx_errc cgx_error_bounded_create(MPI_Comm comm, const cgx_error_bounded_config* c, cgx_error_bounded_plan** plan);
+CGX_C_API cgx_errc cgx_error_bounded_create(MPI_Comm comm, const cgx_error_bounded_config* c, cgx_error_bounded_plan** plan) CGX_C_NOEXCEPT;
 /** As cgx_error_bounded_create, with a Fortran communicator handle (MPI_Comm_f2c). */
-CGX_C_API cgx_errc cgx_error_bounded_create_f(MPI_Fint comm, const cgx_error_bounded_config* c, cgx_error_bounded_plan** plan);
+CGX_C_API cgx_errc cgx_error_bounded_create_f(MPI_Fint comm, const cgx_error_bounded_config* c, cgx_error_bounded_plan** plan) CGX_C_NOEXCEPT;
 /** Collective: sums buf[0..count) over the ranks, in place, blocking, so that every
  * element of the result is within `bound` (absolute, finite, > 0) of the exact sum, up
  * to the rounding of the sum itself (include/cgx/error_bounded_plan.hpp). Every rank
  * passes the same count and bound. Blocking only: there is no start/wait form. */
 CGX_C_API cgx_errc cgx_error_bounded_allreduce(cgx_error_bounded_plan* plan, void* buf, size_t count, cgx_datatype type,
-                                     double bound);
+                                     double bound) CGX_C_NOEXCEPT;
 /** What the plan's last successful call did, on this rank (zeros before the first). */
-CGX_C_API cgx_errc cgx_error_bounded_stats(const cgx_error_bounded_plan* plan, cgx_stats* stats);
-/** Frees the plan (NULL: nothing). */
-CGX_C_API cgx_errc cgx_error_bounded_destroy(cgx_error_bounded_plan* plan);
+CGX_C_API cgx_errc cgx_error_bounded_stats(const cgx_error_bounded_plan* plan, cgx_stats* stats) CGX_C_NOEXCEPT;
+/** Frees *plan and sets *plan to NULL (as cgx_allreduce_free). */
+CGX_C_API cgx_errc cgx_error_bounded_free(cgx_error_bounded_plan** plan) CGX_C_NOEXCEPT;
+/** As cgx_error_bounded_free, by value (kept for source compatibility): the caller's
+ * handle is left dangling; prefer cgx_error_bounded_free. NULL: nothing, CGX_OK. */
+CGX_C_API cgx_errc cgx_error_bounded_destroy(cgx_error_bounded_plan* plan) CGX_C_NOEXCEPT;
 
 #ifdef __cplusplus
 }  /* extern "C" */

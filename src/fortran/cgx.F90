@@ -9,7 +9,11 @@
 ! Every procedure takes an optional `ierr` (integer(c_int)): CGX_OK or a CGX_ERR_* code
 ! of the C API, with the message in cgx_last_error(). When `ierr` is absent and the call
 ! fails, the message is printed and the program stops (error stop), as MPI's default
-! error handler would.
+! error handler would. No C++ exception reaches Fortran: every C function returns a code
+! (include/cgx/c.h). There are no init procedures: the configuration types carry the C
+! defaults as default initialization, timeout_ms CGX_DEFAULT_TIMEOUT, so a malformed
+! CGX_TIMEOUT_MS is reported by the create (CGX_ERR_INVALID_ARGUMENT on every rank,
+! naming the variable). Destroy makes the handle null (MPI_Comm_free's convention).
 !
 ! Buffers are contiguous real(c_float) or real(c_double) arrays of any rank, passed
 ! whole: `call cgx_allreduce(plan, grad)`. For cgx_allreduce_start the array must be
@@ -37,6 +41,8 @@ module cgx
   ! CGX_AUTO_THRESHOLD is SIZE_MAX: -1 in Fortran's signed c_size_t.
   integer(c_size_t), parameter, public :: CGX_AUTO_THRESHOLD = -1_c_size_t
   integer(c_int64_t), parameter, public :: CGX_DEFAULT_TIMEOUT = -1_c_int64_t
+  ! CGX_INIT_FAILED is INT64_MIN (written so, as -huge - 1, to stay a constant expression).
+  integer(c_int64_t), parameter, public :: CGX_INIT_FAILED = -huge(0_c_int64_t) - 1_c_int64_t
 
   !> cgx_options of c.h.
   type, bind(c), public :: cgx_options
@@ -142,14 +148,15 @@ module cgx
       type(c_ptr), value :: plan
       integer(c_int) :: rc
     end function
-    function c_allreduce_destroy(plan) bind(c, name="cgx_allreduce_destroy") result(rc)
+    ! cgx_*_free(&plan): frees the plan and sets the handle to NULL.
+    function c_allreduce_free(plan) bind(c, name="cgx_allreduce_free") result(rc)
       import :: c_int, c_ptr
-      type(c_ptr), value :: plan
+      type(c_ptr), intent(inout) :: plan
       integer(c_int) :: rc
     end function
-    function c_error_bounded_destroy(plan) bind(c, name="cgx_error_bounded_destroy") result(rc)
+    function c_error_bounded_free(plan) bind(c, name="cgx_error_bounded_free") result(rc)
       import :: c_int, c_ptr
-      type(c_ptr), value :: plan
+      type(c_ptr), intent(inout) :: plan
       integer(c_int) :: rc
     end function
     function c_allreduce_stats(plan, stats) bind(c, name="cgx_allreduce_stats") result(rc)
@@ -328,14 +335,13 @@ contains
     call finish(c_allreduce_stats(plan%p, stats), ierr)
   end subroutine
 
-  !> Frees the plan (waits for a reduction in flight first).
+  !> Frees the plan (waits for a reduction in flight first) and makes the handle null, as
+  !> MPI_Comm_free does: a later call with it returns CGX_ERR_INVALID_ARGUMENT, a second
+  !> destroy does nothing.
   subroutine cgx_allreduce_destroy(plan, ierr)
     type(cgx_allreduce_plan), intent(inout) :: plan
     integer(c_int), intent(out), optional :: ierr
-    integer(c_int) :: rc
-    rc = c_allreduce_destroy(plan%p)
-    plan%p = c_null_ptr
-    call finish(rc, ierr)
+    call finish(c_allreduce_free(plan%p), ierr)
   end subroutine
 
   !> What the plan's last successful call did, on this rank.
@@ -346,14 +352,11 @@ contains
     call finish(c_error_bounded_stats(plan%p, stats), ierr)
   end subroutine
 
-  !> Frees the plan.
+  !> Frees the plan and makes the handle null (as cgx_allreduce_destroy).
   subroutine cgx_error_bounded_destroy(plan, ierr)
     type(cgx_error_bounded_plan), intent(inout) :: plan
     integer(c_int), intent(out), optional :: ierr
-    integer(c_int) :: rc
-    rc = c_error_bounded_destroy(plan%p)
-    plan%p = c_null_ptr
-    call finish(rc, ierr)
+    call finish(c_error_bounded_free(plan%p), ierr)
   end subroutine
 
 end module cgx

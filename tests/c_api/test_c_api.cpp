@@ -135,36 +135,77 @@ TEST_CASE("a configuration refused on one rank only, or different between ranks:
   CHECK(plan == nullptr);
 }
 
-TEST_CASE("null buffer, wrong type, count above capacity: refused, buffer untouched, the plan still works") {
+TEST_CASE("null buffer, wrong type, count above capacity: refused, buffer untouched") {
   const int r = world_rank(), p = world_size();
-  const auto c = config();
-  cgx_allreduce_plan* plan = nullptr;
-  REQUIRE(cgx_allreduce_create(MPI_COMM_WORLD, &c, &plan) == CGX_OK);
-  CHECK(last().empty());
   auto v = ramp(5000, r);
   const auto before = v;
-
-  CHECK(cgx_allreduce(plan, nullptr, 100, CGX_FLOAT) == CGX_ERR_INVALID_ARGUMENT);
-  CHECK(!last().empty());
-  CHECK(cgx_allreduce(plan, v.data(), 5000, CGX_DOUBLE) == CGX_ERR_INVALID_ARGUMENT);
-  CHECK(contains(last(), "is not the plan's (CGX_FLOAT)"));
-  CHECK(v == before);
-  CHECK(cgx_allreduce(plan, v.data(), 5001, CGX_FLOAT) == CGX_ERR_INVALID_ARGUMENT);
-  CHECK(contains(last(), "5001"));
-  CHECK(v == before);
-  CHECK(cgx_allreduce_start(plan, nullptr, 10, CGX_FLOAT) == CGX_ERR_INVALID_ARGUMENT);
-  CHECK(cgx_allreduce(nullptr, v.data(), 10, CGX_FLOAT) == CGX_ERR_INVALID_ARGUMENT);
-  CHECK(contains(last(), "the plan is NULL"));
-  CHECK(v == before);
-
-  // The plan still works: constant buckets (rank r holds r + 1 everywhere) are exact.
+  // Constant buckets (rank r holds r + 1 everywhere) are exact.
   std::vector<float> k(5000, static_cast<float>(r + 1));
-  REQUIRE(cgx_allreduce(plan, k.data(), k.size(), CGX_FLOAT) == CGX_OK);
-  CHECK(last().empty());
   const float want = 0.5f * static_cast<float>(p * (p + 1));
-  CHECK(k.front() == want);
-  CHECK(k.back() == want);
-  CHECK(cgx_allreduce_destroy(plan) == CGX_OK);
+
+  // CHECK, not REQUIRE, below: a rank that left the case early would leave the others
+  // out of step in the collectives that follow.
+  SUBCASE("collective checking: every refusal leaves the plan working") {
+    auto c = config();
+    c.options.check = CGX_CHECK_COLLECTIVE;
+    cgx_allreduce_plan* plan = nullptr;
+    CHECK(cgx_allreduce_create(MPI_COMM_WORLD, &c, &plan) == CGX_OK);
+    CHECK(last().empty());
+    CHECK(cgx_allreduce(plan, nullptr, 100, CGX_FLOAT) == CGX_ERR_INVALID_ARGUMENT);
+    CHECK(!last().empty());
+    CHECK(cgx_allreduce(plan, v.data(), 5000, CGX_DOUBLE) == CGX_ERR_INVALID_ARGUMENT);
+    CHECK(contains(last(), "is not the plan's (CGX_FLOAT)"));
+    CHECK(v == before);
+    CHECK(cgx_allreduce(plan, v.data(), 5001, CGX_FLOAT) == CGX_ERR_INVALID_ARGUMENT);
+    CHECK(contains(last(), "5001"));
+    CHECK(v == before);
+    CHECK(cgx_allreduce_start(plan, nullptr, 10, CGX_FLOAT) == CGX_ERR_INVALID_ARGUMENT);
+    CHECK(cgx_allreduce(nullptr, v.data(), 10, CGX_FLOAT) == CGX_ERR_INVALID_ARGUMENT);
+    CHECK(contains(last(), "the plan is NULL"));
+    CHECK(v == before);
+    CHECK(cgx_allreduce(plan, k.data(), k.size(), CGX_FLOAT) == CGX_OK);
+    CHECK(last().empty());
+    CHECK(k.front() == want);
+    CHECK(k.back() == want);
+    CHECK(cgx_allreduce_free(&plan) == CGX_OK);
+  }
+  SUBCASE("local checking: the C layer's refusals leave the plan working, the plan's own fail it") {
+    auto c = config();
+    c.options.check = CGX_CHECK_LOCAL;
+    cgx_allreduce_plan* plan = nullptr;
+    CHECK(cgx_allreduce_create(MPI_COMM_WORLD, &c, &plan) == CGX_OK);
+    // Refused by the C layer before the plan sees the call (the type, a NULL plan).
+    CHECK(cgx_allreduce(plan, v.data(), 5000, CGX_DOUBLE) == CGX_ERR_INVALID_ARGUMENT);
+    CHECK(cgx_allreduce(nullptr, v.data(), 10, CGX_FLOAT) == CGX_ERR_INVALID_ARGUMENT);
+    CHECK(v == before);
+    CAPTURE(last());
+    CHECK(cgx_allreduce(plan, k.data(), k.size(), CGX_FLOAT) == CGX_OK);
+    CHECK(k.front() == want);
+    // Refused by the plan (a null buffer here, on every rank): under local checking the
+    // rank tells its peers at once (issue 47, item 5), and the plan is failed on every
+    // rank, as after any failed call; the buffers are untouched.
+    CHECK(cgx_allreduce(plan, nullptr, 100, CGX_FLOAT) == CGX_ERR_INVALID_ARGUMENT);
+    CHECK(!last().empty());
+    CHECK(cgx_allreduce(plan, v.data(), 5000, CGX_FLOAT) != CGX_OK);
+    CHECK(v == before);
+    CHECK(cgx_allreduce_free(&plan) == CGX_OK);
+    // The same for a count above the capacity, on a new plan.
+    CHECK(cgx_allreduce_create(MPI_COMM_WORLD, &c, &plan) == CGX_OK);
+    CHECK(cgx_allreduce(plan, v.data(), 5001, CGX_FLOAT) == CGX_ERR_INVALID_ARGUMENT);
+    CHECK(contains(last(), "5001"));
+    CHECK(v == before);
+    CHECK(cgx_allreduce_free(&plan) == CGX_OK);
+    if (p > 1) {  // one rank refuses: the others hear of it at once (not after the limit)
+      c.options.timeout_ms = 60000;
+      CHECK(cgx_allreduce_create(MPI_COMM_WORLD, &c, &plan) == CGX_OK);
+      const double t0 = MPI_Wtime();
+      const cgx_errc rc = cgx_allreduce(plan, r == p - 1 ? nullptr : v.data(), 5000, CGX_FLOAT);
+      CAPTURE(last());
+      CHECK(rc == (r == p - 1 ? CGX_ERR_INVALID_ARGUMENT : CGX_ERR_PEER_FAILED));
+      CHECK(MPI_Wtime() - t0 < 30);
+      CHECK(cgx_allreduce_free(&plan) == CGX_OK);
+    }
+  }
   CHECK(cgx_allreduce_destroy(nullptr) == CGX_OK);
 }
 
