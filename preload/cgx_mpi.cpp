@@ -897,11 +897,13 @@ int allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype type, 
     self.kind = kind;
     self.s = s;
     follow(*e, self, a, c);
+    touched = -1;  // the agreed plan: a late rank keeps it (its peers build or keep the same)
     read_notices(*e);
     if (e->abandoned >= index)
       throw cgx::error(cgx::errc::timeout,
                        "this rank arrived after a peer gave up waiting for it in this MPI_Allreduce (the peer's "
                        "wait limit, CGX_TIMEOUT_MS, passed); no data moved");
+    touched = key;
     auto& slot = e->plans[key];
     if (!slot.plan || slot.gen != (a.reuse() ? a.max.gen : std::max(a.max.gen, a.max.ever) + 1))
       throw cgx::error(cgx::errc::mismatch,  // its plan changed since it posted the agreement (earlier failures)
