@@ -92,6 +92,7 @@ cgx_hide() {
 # .dsc. It uses a private apt setup under DIR/.apt (deb-src entries made from the
 # system's own deb entries, its own package lists): the system's apt configuration is
 # not changed, and no root is needed. apt checks the files against the signed lists.
+# Three tries.
 cgx_debian_source() {
   local pkg="$1" ver="$2" dir="$3"
   [ -f "$dir/${pkg}_${ver#*:}.dsc" ] && return 0
@@ -113,9 +114,12 @@ cgx_debian_source() {
               -o "Dir::State::Lists=$a/lists" -o "Dir::Cache=$a/cache" -o "Dir::Etc::Preferences=$a/preferences"
               -o "Dir::Etc::PreferencesParts=$a/preferences.d" -o "Debug::NoLocking=1"
               -o "APT::Sandbox::User=$(id -un)")
-  apt-get "${opts[@]}" update > "$a/update.log" 2>&1 ||
-    { cat "$a/update.log" >&2; echo "cgx: apt-get update (deb-src) failed" >&2; return 1; }
-  (cd "$dir" && apt-get "${opts[@]}" source --download-only "$pkg=$ver") > "$a/source.log" 2>&1 ||
-    { cat "$a/source.log" >&2; echo "cgx: apt-get source $pkg=$ver failed" >&2; return 1; }
-  [ -f "$dir/${pkg}_${ver#*:}.dsc" ] || { echo "cgx: apt-get source $pkg=$ver left no .dsc in $dir" >&2; return 1; }
+  local try
+  for try in 1 2 3; do  # a network that fails once is tried again
+    apt-get "${opts[@]}" update > "$a/update.log" 2>&1 &&
+      (cd "$dir" && apt-get "${opts[@]}" source --download-only "$pkg=$ver") > "$a/source.log" 2>&1 && break
+    [ "$try" -lt 3 ] && sleep 5
+  done
+  [ -f "$dir/${pkg}_${ver#*:}.dsc" ] ||
+    { cat "$a/update.log" "$a/source.log" >&2 2>/dev/null; echo "cgx: apt-get source $pkg=$ver failed (3 tries)" >&2; return 1; }
 }
