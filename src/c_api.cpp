@@ -8,12 +8,15 @@
 // the message in a thread_local string for cgx_last_error().
 #include "c_plans.hpp"
 
+#include <cgx/comm/mpi.hpp>
 #include <cgx/config.hpp>
 #include <cgx/error.hpp>
 #include <cgx/plan_common.hpp>
 #include <cgx/quant/rounding.hpp>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -22,6 +25,7 @@
 #include <memory>
 #include <new>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -224,7 +228,12 @@ void check_create(Plan** plan, const Config* c, const char* who) {
 // (`local_error`: its message) and the hash of its configuration, so that a creation
 // refused on some ranks, or configured differently on some, fails on every rank instead
 // of leaving the others inside the plan's collective construction. Throws on failure.
-void agree(MPI_Comm comm, const char* who, std::int64_t hash, const std::string& local_error, errc local_code) {
+// Bounded: a non-blocking reduction polled against `limit_ms` (0: none), so that a rank
+// late for the creation, or skipping it, makes the others return CGX_ERR_TIMEOUT instead
+// of waiting; the late rank completes the reduction they left with MPI, then fails in the
+// plan's own construction (comm::mpi's bounded duplication, which they never join).
+void agree(MPI_Comm comm, const char* who, std::int64_t hash, const std::string& local_error, errc local_code,
+           std::uint32_t limit_ms) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
@@ -235,9 +244,21 @@ void agree(MPI_Comm comm, const char* who, std::int64_t hash, const std::string&
   if (MPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || inter)
     throw error(errc::communicator, std::string(who) + ": the communicator is not a usable intra-communicator");
   const std::int64_t bad = local_error.empty() ? 0 : 1;
-  std::int64_t mine[3] = {bad, hash, -hash}, all[3] = {0, 0, 0};
-  if (MPI_Allreduce(mine, all, 3, MPI_INT64_T, MPI_MAX, comm) != MPI_SUCCESS)
-    throw error(errc::transport, std::string(who) + ": MPI_Allreduce of the configurations failed");
+  // MPI's buffers on the heap: a timed-out reduction stays with MPI (comm::detail::abandon).
+  auto buf = std::make_shared<std::array<std::int64_t, 6>>(std::array<std::int64_t, 6>{bad, hash, -hash, 0, 0, 0});
+  MPI_Request req = MPI_REQUEST_NULL;
+  if (MPI_Iallreduce(buf->data(), buf->data() + 3, 3, MPI_INT64_T, MPI_MAX, comm, &req) != MPI_SUCCESS)
+    throw error(errc::transport, std::string(who) + ": MPI_Iallreduce of the configurations failed");
+  if (!cgx::comm::detail::wait_bounded(std::span<MPI_Request>(&req, 1), std::chrono::milliseconds(limit_ms),
+                                       "MPI_Iallreduce of the configurations")) {
+    cgx::comm::detail::abandon(std::span<MPI_Request>(&req, 1), buf);
+    throw error(errc::timeout, std::string(who) + ": " +
+                                   cgx::comm::detail::construction_timeout(std::chrono::milliseconds(limit_ms),
+                                                                           "the agreement on the configurations "
+                                                                           "(MPI_Iallreduce)") +
+                                   "; no plan was made");
+  }
+  const std::int64_t* all = buf->data() + 3;
   if (bad) throw error(local_code, local_error);
   if (all[0] != 0)
     throw error(errc::invalid_argument,
@@ -250,8 +271,18 @@ void agree(MPI_Comm comm, const char* who, std::int64_t hash, const std::string&
 // Runs `check` (which throws cgx::error for a bad configuration), then agree(). Every
 // local refusal (a bad field, a malformed CGX_TIMEOUT_MS) is found here, before any
 // plan is built, and told to the other ranks by the agreement.
+// The agreement's wait limit: the configuration's (as the plan's), or the default when
+// the configuration's own cannot be read (that refusal is then what the agreement tells).
+std::uint32_t agreement_limit(const cgx_options& o, const char* who) noexcept {
+  try {
+    return timeout_of(o, who);
+  } catch (...) {
+    return cgx::default_timeout_ms_value;
+  }
+}
+
 template <class Check>
-void validate_collectively(MPI_Comm comm, const char* who, std::int64_t hash, Check&& check) {
+void validate_collectively(MPI_Comm comm, const char* who, std::int64_t hash, std::uint32_t limit_ms, Check&& check) {
   std::string message;
   errc code = errc::invalid_argument;
   try {
@@ -261,7 +292,7 @@ void validate_collectively(MPI_Comm comm, const char* who, std::int64_t hash, Ch
     if (message.empty()) message = std::string(who) + ": the configuration was refused";
     code = e.code();
   }
-  agree(comm, who, hash, message, code);
+  agree(comm, who, hash, message, code, limit_ms);
 }
 
 std::size_t size_of(cgx_datatype t) { return t == CGX_FLOAT ? sizeof(float) : sizeof(double); }
@@ -312,7 +343,7 @@ void allreduce_create(MPI_Comm comm, const cgx_allreduce_config* c, cgx_allreduc
                                         c->bucket, static_cast<std::uint64_t>(c->rounding),
                                         static_cast<std::uint64_t>(c->schedule), c->max_count},
                                      c->options);
-  validate_collectively(comm, who, h, [&] {
+  validate_collectively(comm, who, h, agreement_limit(c->options, who), [&] {
     check_type(c->type, who);
     if (c->bits < 1 || c->bits > 8) refuse(std::string(who) + ": bits " + std::to_string(c->bits) + " is outside 1..8");
     if (!bucket_ok(c->bucket))
@@ -342,7 +373,7 @@ void error_bounded_create(MPI_Comm comm, const cgx_error_bounded_config* c, cgx_
   std::optional<cgx::plan_options> o;
   const std::int64_t h = config_hash(
       2, {static_cast<std::uint64_t>(c->type), static_cast<std::uint64_t>(c->schedule), c->max_count}, c->options);
-  validate_collectively(comm, who, h, [&] {
+  validate_collectively(comm, who, h, agreement_limit(c->options, who), [&] {
     check_type(c->type, who);
     check_schedule(c->schedule, who);
     o = to_options(c->options, who);

@@ -118,7 +118,10 @@ class allreduce_plan : public plan_core<X> {
       try {
         reduce(buf, n);
         // A peer's failure report for this call (see detail::call_guard::finish).
-        if constexpr (requires { xw.throw_if_failed(); }) xw.throw_if_failed();
+        if constexpr (requires { xw.end_call_check(); })
+          xw.end_call_check();
+        else if constexpr (requires { xw.throw_if_failed(); })
+          xw.throw_if_failed();
       } catch (...) {
         failure_ = std::current_exception();
         // Tell the peers, as a blocking call's guard would (see detail::call_guard).

@@ -203,7 +203,13 @@ CGX_C_API void cgx_error_bounded_config_init(cgx_error_bounded_config* c) CGX_C_
  * 2^32 - 1 ms, timeout_ms CGX_DEFAULT_TIMEOUT with a malformed CGX_TIMEOUT_MS in the
  * environment (the message names it and its value), CGX_INIT_FAILED; any of these on
  * one rank fails the create on every rank. CGX_ERR_COMMUNICATOR for MPI_COMM_NULL;
- * CGX_ERR_WORKSPACE when the workspace cannot be allocated. */
+ * CGX_ERR_WORKSPACE when the workspace cannot be allocated. Bounded: every collective
+ * step (the agreement on the configurations, an MPI_Iallreduce; the plan's duplication
+ * of `comm`, MPI_Comm_idup; its barriers) waits at most options.timeout_ms (0: no
+ * limit), so a rank that skips the create, or comes later than that, makes the others
+ * return CGX_ERR_TIMEOUT, and fails too when it comes (it never succeeds alone). What
+ * stays MPI's own: MPI cannot say which rank is missing, nor cancel a timed-out step
+ * (it is left with MPI for the life of the process); docs/errors.md lists the rest. */
 CGX_C_API cgx_errc cgx_allreduce_create(MPI_Comm comm, const cgx_allreduce_config* c, cgx_allreduce_plan** plan) CGX_C_NOEXCEPT;
 /** As cgx_allreduce_create, with a Fortran communicator handle (MPI_Comm_f2c). */
 CGX_C_API cgx_errc cgx_allreduce_create_f(MPI_Fint comm, const cgx_allreduce_config* c, cgx_allreduce_plan** plan) CGX_C_NOEXCEPT;
@@ -232,7 +238,8 @@ CGX_C_API cgx_errc cgx_allreduce_free(cgx_allreduce_plan** plan) CGX_C_NOEXCEPT;
  * is left dangling; prefer cgx_allreduce_free. NULL: nothing, CGX_OK. */
 CGX_C_API cgx_errc cgx_allreduce_destroy(cgx_allreduce_plan* plan) CGX_C_NOEXCEPT;
 
-/** Collective over `comm`: an error-bounded plan for up to c->max_count values. */
+/** Collective over `comm`: an error-bounded plan for up to c->max_count values; refusals
+ * and the bounded construction as cgx_allreduce_create. */
 CGX_C_API cgx_errc cgx_error_bounded_create(MPI_Comm comm, const cgx_error_bounded_config* c, cgx_error_bounded_plan** plan) CGX_C_NOEXCEPT;
 /** As cgx_error_bounded_create, with a Fortran communicator handle (MPI_Comm_f2c). */
 CGX_C_API cgx_errc cgx_error_bounded_create_f(MPI_Fint comm, const cgx_error_bounded_config* c, cgx_error_bounded_plan** plan) CGX_C_NOEXCEPT;

@@ -267,7 +267,7 @@ class layerwise_base {
       return refusal;
     };
     if (resolve(opts_.check) == checking::local) {
-      if (bad != 0) throw error(errc::invalid_argument, where() + local_message());
+      if (bad != 0) detail::refuse_call(x_, where() + local_message());  // the peers hear of it at once
       if constexpr (requires { x_.throw_if_failed(); }) x_.throw_if_failed();
       return;
     }

@@ -148,6 +148,20 @@ signature_hash plan_signature(const char* kind) noexcept {
   return h;
 }
 
+/// A call refused on this rank by its own check (`why`): tells the peers where the
+/// transport can (comm::mpi and comm::shm: refuse(), which fails the transport; they throw
+/// errc::peer_failed naming this rank instead of waiting for it until their limit), then
+/// throws errc::invalid_argument. No data has moved.
+template <class X>
+[[noreturn]] void refuse_call(X& x, const std::string& why) {
+  const std::string msg = why + "; the call was refused on this rank before any data moved";
+  if constexpr (requires { x.refuse(msg); })
+    x.refuse(msg);
+  else if constexpr (requires { x.abort(errc::invalid_argument, msg); })
+    x.abort(errc::invalid_argument, msg);
+  throw error(errc::invalid_argument, msg);
+}
+
 /// Checks the arguments of one call of a plan named `who` on this rank: a null buffer
 /// with n > 0 (`bad_extra` adds a caller-defined local error, described by
 /// `extra_message`), n above `max_count`; with collective checking also that every
@@ -175,9 +189,7 @@ void check_call(X& x, checking level, const char* who, bool null_buffer, std::si
       // limit. Where the transport has a failure channel (comm::mpi, comm::shm) they hear
       // of the refusal at once and throw errc::peer_failed naming this rank; no data has
       // moved here, and the plan is failed on every rank, as after any failed call.
-      const std::string msg = where() + local_message() + "; the call was refused on this rank before any data moved";
-      if constexpr (requires { x.abort(errc::invalid_argument, msg); }) x.abort(errc::invalid_argument, msg);
-      throw error(errc::invalid_argument, msg);
+      refuse_call(x, where() + local_message());
     }
     if constexpr (requires { x.throw_if_failed(); }) x.throw_if_failed();
     return;
@@ -308,7 +320,10 @@ class call_guard {
         }
       };
     }
-    if constexpr (requires { x.throw_if_failed(); }) {
+    if constexpr (requires { x.end_call_check(); }) {
+      transport_ = &x;
+      finish_ = [](void* t) { static_cast<X*>(t)->end_call_check(); };
+    } else if constexpr (requires { x.throw_if_failed(); }) {
       transport_ = &x;
       finish_ = [](void* t) { static_cast<X*>(t)->throw_if_failed(); };
     }

@@ -135,6 +135,34 @@ TEST_CASE("a configuration refused on one rank only, or different between ranks:
   CHECK(plan == nullptr);
 }
 
+TEST_CASE("a rank late for cgx_allreduce_create: CGX_ERR_TIMEOUT on the others within the limit, and on it") {
+  // Issue 47: the create's agreement waited for ever (a rank 20 s late kept the others 20 s).
+  const int r = world_rank(), p = world_size();
+  if (p < 2) return;
+  MPI_Comm comm = MPI_COMM_NULL;  // the case's own (never freed: a timed-out step may hold it)
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  auto c = config();
+  c.options.timeout_ms = 1500;
+  cgx_allreduce_plan* plan = nullptr;
+  int early = -1;
+  double waited = 0;
+  if (r != p - 1) {
+    const double t0 = MPI_Wtime();
+    early = cgx_allreduce_create(comm, &c, &plan);
+    waited = MPI_Wtime() - t0;
+    CHECK(early == CGX_ERR_TIMEOUT);
+    CHECK(plan == nullptr);
+    CHECK(waited < 12.0);
+    CHECK(contains(last(), "1500 ms"));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);  // the late rank comes now, alone
+  if (r == p - 1) {
+    CHECK(cgx_allreduce_create(comm, &c, &plan) == CGX_ERR_TIMEOUT);
+    CHECK(plan == nullptr);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST_CASE("null buffer, wrong type, count above capacity: refused, buffer untouched") {
   const int r = world_rank(), p = world_size();
   auto v = ramp(5000, r);

@@ -242,9 +242,11 @@ class mpi {
     int inter = 0;
     detail::check_mpi(MPI_Comm_test_inter(comm, &inter), "MPI_Comm_test_inter");
     if (inter) throw cgx::error(errc::communicator, "cgx::comm::mpi: inter-communicators are not supported");
-    // The data communicator and the failure channel's, both duplicated from `comm` without
-    // blocking. MPI writes the new handles when the duplications complete, perhaps after
-    // this constructor gave up: so they live on the heap, and are abandoned with the
+    // The data communicator, then the failure channel's (a duplicate of the first: two
+    // duplications of one communicator in flight at once gave ranks mismatched pairs under
+    // Open MPI 4.1, a data message then matching the failure channel's receive), each
+    // without blocking. MPI writes the new handles when a duplication completes, perhaps
+    // after this constructor gave up: so they live on the heap, and are abandoned with the
     // requests on a timeout.
     struct duplicates {
       MPI_Comm out[2] = {MPI_COMM_NULL, MPI_COMM_NULL};
@@ -253,18 +255,21 @@ class mpi {
     auto d = std::make_shared<duplicates>();
     int me = 0;
     MPI_Comm_rank(comm, &me);
-    detail::check_mpi(MPI_Comm_idup(comm, &d->out[0], &d->req[0]), "MPI_Comm_idup");
-    const int rc = MPI_Comm_idup(comm, &d->out[1], &d->req[1]);
-    if (rc != MPI_SUCCESS) {
+    auto timed_out = [&](const char* what) {
       detail::abandon(d->req, d);
+      return cgx::error(errc::timeout, "cgx::comm::mpi (rank " + std::to_string(me) + "): " +
+                                           detail::construction_timeout(limit_, what));
+    };
+    detail::check_mpi(MPI_Comm_idup(comm, &d->out[0], &d->req[0]), "MPI_Comm_idup");
+    if (!detail::wait_bounded(std::span<MPI_Request>(d->req, 1), limit_, "MPI_Comm_idup"))
+      throw timed_out("the duplication of the communicator (MPI_Comm_idup)");
+    const int rc = MPI_Comm_idup(d->out[0], &d->out[1], &d->req[1]);
+    if (rc != MPI_SUCCESS) {
+      detail::abandon(d->req, d);  // out[0] is kept: never freed after a failed construction
       detail::check_mpi(rc, "MPI_Comm_idup");
     }
-    if (!detail::wait_bounded(d->req, limit_, "MPI_Comm_idup")) {
-      detail::abandon(d->req, d);
-      throw cgx::error(errc::timeout, "cgx::comm::mpi (rank " + std::to_string(me) + "): " +
-                                          detail::construction_timeout(limit_, "the duplication of the communicator "
-                                                                               "(MPI_Comm_idup)"));
-    }
+    if (!detail::wait_bounded(std::span<MPI_Request>(d->req + 1, 1), limit_, "MPI_Comm_idup"))
+      throw timed_out("the duplication of the failure channel's communicator (MPI_Comm_idup)");
     comm_ = d->out[0];
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
@@ -287,7 +292,7 @@ class mpi {
       release();
       throw;
     }
-    detail::check_mpi(MPI_Irecv(fault_->in, 3, MPI_INT, MPI_ANY_SOURCE, 0, fault_->comm, &fault_->listen), "MPI_Irecv");
+    detail::check_mpi(MPI_Irecv(fault_->in, 4, MPI_INT, MPI_ANY_SOURCE, 0, fault_->comm, &fault_->listen), "MPI_Irecv");
   }
   mpi(const mpi&) = delete;
   mpi& operator=(const mpi&) = delete;
@@ -504,7 +509,8 @@ class mpi {
       settle();
       return;
     }
-    live.push_back(fault_->listen);  // last: a peer's failure report
+    const bool listening = fault_->listen != MPI_REQUEST_NULL;
+    if (listening) live.push_back(fault_->listen);  // last: a peer's failure report
     const auto t0 = std::chrono::steady_clock::now();
     int idle = 0;
     while (left > 0) {
@@ -518,7 +524,8 @@ class mpi {
       } else {
         rc = MPI_Testany(static_cast<int>(live.size()), live.data(), &idx, &flag, &st);
       }
-      if (rc != MPI_SUCCESS && (idx == MPI_UNDEFINED || idx + 1 == static_cast<int>(live.size())))
+      const bool heard = listening && fault_->listen != MPI_REQUEST_NULL && idx + 1 == static_cast<int>(live.size());
+      if (rc != MPI_SUCCESS && (idx == MPI_UNDEFINED || heard))
         fail_wait(reqs, errc::transport, rc, "MPI_Waitany");
       if (!flag || idx == MPI_UNDEFINED) {
         if (std::chrono::steady_clock::now() - t0 > limit_) timed_out(reqs);
@@ -526,7 +533,15 @@ class mpi {
         continue;
       }
       idle = 0;
-      if (idx + 1 == static_cast<int>(live.size())) peer_reported(reqs);
+      if (heard) {
+        // A report about a later call (a peer that finished this one and refused or failed
+        // the next): this call can still complete; the next one throws it.
+        if (defer_report(stamp_.call)) {
+          live.pop_back();
+          continue;
+        }
+        peer_reported(reqs);
+      }
       const int slot = which[static_cast<std::size_t>(idx)];
       request& q = reqs[static_cast<std::size_t>(slot / 3)];
       const int part = slot % 3;
@@ -584,13 +599,15 @@ class mpi {
   /// `waited_for`: for a timeout, the rank this one waited for (named in the peers'
   /// errors), else -1.
   void abort(errc code, const std::string& why, int waited_for = -1) noexcept {
-    if (!fault_ || fault_->told) return;
-    if (!fault_->failed) {
-      fault_->failed = true;
-      fault_->code = code;
-      fault_->what = why;
-    }
-    tell(rank_, code, waited_for);
+    abort_at(code, why, waited_for, static_cast<int>(stamp_.call));
+  }
+
+  /// Tells every peer that this rank refuses the call it was about to begin (a local
+  /// argument check failed: no message of it was sent), and fails this transport: the
+  /// peers throw errc::peer_failed naming this rank. The report carries that call's number,
+  /// so a peer still finishing the previous call finishes it and throws at the refused one.
+  void refuse(const std::string& why) noexcept {
+    abort_at(errc::invalid_argument, why, -1, static_cast<int>(stamp_.call + 1));
   }
 
   /// True once a wait failed, a peer reported a failure, or abort() was called.
@@ -604,10 +621,27 @@ class mpi {
   /// none. What a plan calls before a call's first collective step. With `poll` false it
   /// makes no MPI call (only this transport's own record).
   void throw_if_failed(bool poll = true) {
-    if (poll && !fault_->failed && fault_->listen != MPI_REQUEST_NULL) {
+    if (!fault_->failed && fault_->deferred) {
+      record_report(" inside a collective call");
+    } else if (poll && !fault_->failed && fault_->listen != MPI_REQUEST_NULL) {
       int flag = 0;
       MPI_Test(&fault_->listen, &flag, MPI_STATUS_IGNORE);
       if (flag) record_report(" inside a collective call");
+    }
+    if (fault_->failed)
+      throw cgx::error(fault_->code, fault_->what + "; the plan cannot be used after that (build a new one)");
+  }
+
+  /// The end of a call whose own work is done (detail::call_guard::finish): throws a peer's
+  /// failure report about this call or an earlier one (errc::peer_failed, or the peer's
+  /// errc::timeout / errc::corrupt), or this transport's own failure. A report about a
+  /// later call (a peer that finished this one and then refused or failed the next) is
+  /// kept for the next call's throw_if_failed().
+  void end_call_check() {
+    if (!fault_->failed && !fault_->deferred && fault_->listen != MPI_REQUEST_NULL) {
+      int flag = 0;
+      MPI_Test(&fault_->listen, &flag, MPI_STATUS_IGNORE);
+      if (flag && !defer_report(stamp_.call)) record_report(" inside a collective call");
     }
     if (fault_->failed)
       throw cgx::error(fault_->code, fault_->what + "; the plan cannot be used after that (build a new one)");
@@ -651,6 +685,7 @@ class mpi {
       }
       if (flag && idx == 1) {
         both[1] = MPI_REQUEST_NULL;
+        if (defer_report(stamp_.call + 1)) continue;  // about a call after the one checked here
         if (stamp_.call == 0) {
           // Before the first call (a plan's construction): every rank takes part, and a
           // peer that reports a failure has passed this reduction, so it completes here
@@ -692,8 +727,11 @@ class mpi {
     int size = 1;
     std::vector<child> children;  // fail with this channel (tell())
     MPI_Request listen = MPI_REQUEST_NULL;  // always posted: a peer's report
-    int in[3] = {0, 0, -1};                 // the report: failed rank, errc, rank it waited for
-    int out[3] = {0, 0, -1};                // this rank's report (or a peer's, passed on)
+    // A report: failed rank, errc, rank it waited for, and the call it is about (the
+    // number of calls begun there; 0: now, whatever the call).
+    int in[4] = {0, 0, -1, 0};
+    int out[4] = {0, 0, -1, 0};             // this rank's report (or a peer's, passed on)
+    bool deferred = false;                  // `in` holds a report about a later call than this rank's
     std::vector<MPI_Request> sent;          // this rank's reports in flight
     bool failed = false;                    // every later wait throws
     bool told = false;                      // this rank told its peers
@@ -707,6 +745,27 @@ class mpi {
     std::vector<std::int64_t> collective;     // max_all's buffer
     std::size_t outstanding = 0;              // MPI requests posted and not yet completed
   };
+
+  /// abort() with the number of the call the failure is about.
+  void abort_at(errc code, const std::string& why, int waited_for, int call) noexcept {
+    if (!fault_ || fault_->told) return;
+    if (!fault_->failed) {
+      fault_->failed = true;
+      fault_->code = code;
+      fault_->what = why;
+    }
+    tell(rank_, code, waited_for, call);
+  }
+
+  /// A peer's report has arrived (`in`): whether it is about a later call than the one this
+  /// rank is in (`current`), for which it is kept (deferred: the report's receive is not
+  /// posted again, and the next call's throw_if_failed() throws it).
+  bool defer_report(std::uint32_t current) noexcept {
+    if (fault_->in[3] <= 0 || static_cast<std::uint32_t>(fault_->in[3]) <= current) return false;
+    fault_->deferred = true;
+    fault_->listen = MPI_REQUEST_NULL;
+    return true;
+  }
 
   /// Frees the staging buffers (and so the headers) for reuse, once no request is in flight.
   void settle() noexcept {
@@ -743,7 +802,7 @@ class mpi {
     }
     // Passed on, as a waiting rank passes it on: a peer that waits for this rank
     // alone hears of the failure only from here.
-    tell(fault_->in[0], code, fault_->in[2]);
+    tell(fault_->in[0], code, fault_->in[2], fault_->in[3]);
   }
 
   /// Waits for a construction step's request up to the wait limit; on a timeout leaves it
@@ -801,24 +860,25 @@ class mpi {
   /// Sends the report (origin, code, waited_for) to every peer, once per transport: this
   /// rank's own failure, or a peer's passed on unchanged (so every rank names the rank
   /// that failed first, and the rank a timed-out one waited for). Never throws.
-  void tell(int origin, errc code, int waited_for) noexcept {
-    if (fault_) tell(*fault_, origin, code, waited_for);
+  void tell(int origin, errc code, int waited_for, int call) noexcept {
+    if (fault_) tell(*fault_, origin, code, waited_for, call);
   }
 
   /// tell() on channel f; then each transport split from it fails too and tells its own
   /// peers (the same code; the origin and the rank waited for by their rank there, or
   /// this rank and none when they are not in it).
-  static void tell(fault_channel& f, int origin, errc code, int waited_for) noexcept {
+  static void tell(fault_channel& f, int origin, errc code, int waited_for, int call) noexcept {
     if (f.told) return;
     f.told = true;
     f.out[0] = origin;
     f.out[1] = static_cast<int>(code);
     f.out[2] = waited_for;
+    f.out[3] = call;
     for (int r = 0; r < f.size; ++r) {
       if (r == f.rank || r == origin) continue;
       MPI_Request q = MPI_REQUEST_NULL;
       // Three ints: MPI sends them eagerly; the buffer lives as long as the transport.
-      if (MPI_Isend(f.out, 3, MPI_INT, r, 0, f.comm, &q) == MPI_SUCCESS) {
+      if (MPI_Isend(f.out, 4, MPI_INT, r, 0, f.comm, &q) == MPI_SUCCESS) {
         try {
           f.sent.push_back(q);
         } catch (...) {
@@ -835,7 +895,7 @@ class mpi {
       inherit_failure(*ch, f);
       const int o = in_child(c, origin);
       const int w = in_child(c, waited_for);
-      tell(*ch, o == MPI_UNDEFINED ? ch->rank : o, code, w == MPI_UNDEFINED ? -1 : w);
+      tell(*ch, o == MPI_UNDEFINED ? ch->rank : o, code, w == MPI_UNDEFINED ? -1 : w, 0);  // (their own call numbers)
     }
   }
 

@@ -360,6 +360,18 @@ class shm {
     report(rank_, code, waited_for);
     if (base_comm_) base_comm_->abort(code, why, waited_for);
   }
+  /// Tells the peers, through the segment alone, that this rank refuses the call it was
+  /// about to begin (a local argument check failed; nothing was sent), and fails this
+  /// transport. The report carries that call's number: a peer still finishing the previous
+  /// call completes it, and throws errc::peer_failed naming this rank in the refused one.
+  void refuse(const std::string& why) noexcept {
+    if (!failed_) {
+      failed_ = true;
+      code_ = errc::invalid_argument;
+      what_ = why;
+    }
+    report(rank_, errc::invalid_argument, -1, stamp_.call + 1 == 0 ? 1 : stamp_.call + 1);
+  }
   /// False: comm::shm's transfers copy through the segment and never outlive a wait.
   [[nodiscard]] static constexpr bool abandoned() noexcept { return false; }
   /// True once a wait failed, a peer's failure was heard, or abort() was called.
@@ -407,11 +419,14 @@ class shm {
 
   /// Writes the report (origin, code, waited_for) into the failure word unless one is
   /// there (the first failure wins: every rank then names the same one).
-  void report(int origin, errc code, int waited_for) noexcept {
+  /// `call`: the number of the call the report is about (a refusal: the call the rank did
+  /// not begin), 0 for "now"; kept modulo 2^15 in bits 48-62, bit 63 set when present.
+  void report(int origin, errc code, int waited_for, std::uint32_t call = 0) noexcept {
     if (base_ == nullptr) return;
     const std::uint64_t w = (static_cast<std::uint64_t>(origin + 1) & 0xffff) |
                             ((static_cast<std::uint64_t>(code) & 0xffff) << 16) |
-                            ((static_cast<std::uint64_t>(waited_for + 1) & 0xffff) << 32);
+                            ((static_cast<std::uint64_t>(waited_for + 1) & 0xffff) << 32) |
+                            (call != 0 ? (std::uint64_t{1} << 63) | ((static_cast<std::uint64_t>(call) & 0x7fff) << 48) : 0);
     std::uint64_t none = 0;
     failure_word()->compare_exchange_strong(none, w, std::memory_order_acq_rel);
   }
@@ -426,6 +441,13 @@ class shm {
     const int origin = static_cast<int>(w & 0xffff) - 1;
     const auto code = static_cast<errc>((w >> 16) & 0xffff);
     const int waited_for = static_cast<int>((w >> 32) & 0xffff) - 1;
+    const bool about_call = (w >> 63) != 0;
+    if (about_call) {
+      // A refusal of a later call than this rank's (a peer that finished this one and
+      // refused the next): this call completes; the next one's waits throw it.
+      const std::uint64_t ahead = (((w >> 48) & 0x7fff) - (stamp_.call & 0x7fff)) & 0x7fff;
+      if (ahead != 0 && ahead < 0x4000) return;
+    }
     failed_ = true;
     if (code == errc::transport && waited_for >= 0 && waited_for < size_) {
       // A peer died (check_peers_alive named it): a fact about the job, not about the
@@ -442,8 +464,9 @@ class shm {
     }
     // The MPI transport underneath is failed too: peers' reports may still arrive on its
     // communicators, which it must then never free (see comm::mpi::release). It passes
-    // the report on over MPI too (as a failing rank of its own does).
-    if (base_comm_) base_comm_->abort(code_, what_, waited_for);
+    // the report on over MPI too (as a failing rank of its own does). Not a refusal: its
+    // rank wrote the segment alone (refuse()), which every peer reads.
+    if (base_comm_ && !about_call) base_comm_->abort(code_, what_, waited_for);
   }
 
   /// Throws if this transport has stopped: a received message failed its check (the
