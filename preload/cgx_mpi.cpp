@@ -35,6 +35,7 @@
 #include <dlfcn.h>
 #include <mpi.h>
 
+#include <cgx/comm/mpi.hpp>
 #include <cgx/error.hpp>
 
 #include <algorithm>
@@ -54,6 +55,7 @@
 #include <mutex>
 #include <new>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -298,17 +300,8 @@ struct pending_round {
 };
 
 /// Memory that MPI may still write into (the buffers of operations that were given up on
-/// and whose communicator is gone): kept for the life of the process.
-void keep_forever(std::shared_ptr<void> p) noexcept {
-  static auto* const kept = new std::vector<std::shared_ptr<void>>;
-  static auto* const lock = new std::mutex;
-  const std::lock_guard<std::mutex> g(*lock);
-  try {
-    kept->push_back(std::move(p));
-  } catch (...) {
-    new std::shared_ptr<void>(std::move(p));  // out of memory: leak it rather than free it under MPI
-  }
-}
+/// and whose communicator is gone): kept for the life of the process (comm::detail::abandon).
+void keep_forever(std::shared_ptr<void> p) noexcept { cgx::comm::detail::abandon({}, std::move(p)); }
 
 struct plan_slot {
   std::unique_ptr<cgx_preload::plan> plan;
@@ -628,23 +621,10 @@ clock_type::time_point deadline_of(std::uint32_t limit_ms) {
   return clock_type::now() + std::chrono::milliseconds(limit_ms);
 }
 
-/// Waits for `req` until `deadline` (polling; MPI cannot block with a limit). True when it
-/// completed; false when the deadline passed first (it stays pending). Throws
-/// cgx::error(errc::transport) for an MPI error.
+/// Waits for `req` until `deadline` (comm::detail::wait_until): true when it completed,
+/// false when the deadline passed first (it stays pending).
 bool wait_until(MPI_Request& req, clock_type::time_point deadline, const char* what) {
-  for (unsigned spins = 0;; ++spins) {
-    int done = 0;
-    const int rc = PMPI_Test(&req, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) {
-      char msg[MPI_MAX_ERROR_STRING] = {0};
-      int len = 0;
-      PMPI_Error_string(rc, msg, &len);
-      throw cgx::error(cgx::errc::transport, std::string(what) + " failed: " + msg);
-    }
-    if (done) return true;
-    if ((spins & 63) == 63 && clock_type::now() >= deadline) return false;
-    if (spins > 256) std::this_thread::yield();  // more ranks than cores: let the others progress
-  }
+  return cgx::comm::detail::wait_until(std::span<MPI_Request>(&req, 1), deadline, what);
 }
 
 std::string waited(std::uint32_t limit_ms) {

@@ -54,36 +54,6 @@ inline void abandon(std::span<MPI_Request> reqs, std::shared_ptr<void> keep) noe
   }
 }
 
-/// Waits for every request of `reqs` for at most `limit` (zero: no limit; MPI_Waitall).
-/// Returns true when all completed, false when the limit passed first (the rest stay
-/// pending). Throws cgx::error(errc::transport) for an MPI error, naming `what`.
-inline bool wait_bounded(std::span<MPI_Request> reqs, wait_limit limit, const char* what) {
-  if (limit.count() == 0) {
-    const int rc = MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
-    if (rc != MPI_SUCCESS) {
-      char msg[MPI_MAX_ERROR_STRING];
-      int len = 0;
-      MPI_Error_string(rc, msg, &len);
-      throw cgx::error(errc::transport, std::string(what) + " failed: " + std::string(msg, static_cast<std::size_t>(len)));
-    }
-    return true;
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int idle = 0;;) {
-    int flag = 0;
-    const int rc = MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE);
-    if (rc != MPI_SUCCESS) {
-      char msg[MPI_MAX_ERROR_STRING];
-      int len = 0;
-      MPI_Error_string(rc, msg, &len);
-      throw cgx::error(errc::transport, std::string(what) + " failed: " + std::string(msg, static_cast<std::size_t>(len)));
-    }
-    if (flag) return true;
-    if (std::chrono::steady_clock::now() - t0 > limit) return false;
-    if (++idle > 64) std::this_thread::yield();  // ranks may outnumber cores
-  }
-}
-
 /// "not every rank of the communicator joined WHAT within L ms": a timed-out step of a
 /// transport's construction, where MPI cannot say which rank is missing.
 inline std::string construction_timeout(wait_limit limit, const std::string& what) {
@@ -99,6 +69,28 @@ inline void check_mpi(int rc, const char* what) {
     MPI_Error_string(rc, msg, &len);
     throw cgx::error(errc::transport, std::string(what) + " failed: " + std::string(msg, static_cast<std::size_t>(len)));
   }
+}
+
+/// Waits for every request of `reqs` until `deadline` (polling: MPI cannot block with a
+/// limit). Returns true when all completed, false when the deadline passed first (the rest
+/// stay pending). Throws cgx::error(errc::transport) for an MPI error, naming `what`.
+inline bool wait_until(std::span<MPI_Request> reqs, std::chrono::steady_clock::time_point deadline, const char* what) {
+  for (unsigned spins = 0;; ++spins) {
+    int flag = 0;
+    check_mpi(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE), what);
+    if (flag) return true;
+    if ((spins & 63) == 63 && std::chrono::steady_clock::now() >= deadline) return false;
+    if (spins > 64) std::this_thread::yield();  // ranks may outnumber cores
+  }
+}
+
+/// wait_until for at most `limit` from now (zero: no limit; MPI_Waitall).
+inline bool wait_bounded(std::span<MPI_Request> reqs, wait_limit limit, const char* what) {
+  if (limit.count() == 0) {
+    check_mpi(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), what);
+    return true;
+  }
+  return wait_until(reqs, std::chrono::steady_clock::now() + limit, what);
 }
 
 /// "waited more than L ms (plan_options::timeout_ms)": how every expired wait begins.
