@@ -193,7 +193,17 @@ setup(
     name="cgx_torch",
     version="0.1.0",
     description="cgx's compressed allreduce for PyTorch: a DDP communication hook and allreduce_",
-    packages=["cgx_torch"],
+    # torch_cgx and cgx_utils: the original system's module names, for its users' scripts
+    packages=["cgx_torch", "torch_cgx", "cgx_utils"],
+    # The `cgx` backend without an import: torch >= 2.5 calls `torch.backends` entry points
+    # at `import torch`, newer torch also `torch.distributed.backends` ones when a group asks
+    # for a backend it does not know. Both go to a module that imports nothing of cgx_torch
+    # (cgx_torch_autoload.py): the extension is loaded when the first `cgx` group is made.
+    py_modules=["cgx_torch_autoload"],
+    entry_points={
+        "torch.backends": ["cgx = cgx_torch_autoload:autoload"],
+        "torch.distributed.backends": ["cgx = cgx_torch_autoload:register"],
+    },
     ext_modules=[ext],
     cmdclass={"build_ext": cpp_extension.BuildExtension},
     python_requires=">=3.8",

@@ -202,6 +202,27 @@ TEST_CASE("mixed bits: within the SRA bound of each layer's setting, identical o
   CHECK(sent == total);
 }
 
+TEST_CASE("buckets of 64 and 2048 (torch_cgx's sizes): within the SRA bound, identical on all ranks; 100 refused") {
+  const int r = world_rank();
+  const auto ls = model_layers();
+  auto s = cgx::default_settings(ls);
+  s[0] = {3, 64};
+  s[3] = {4, 2048};
+  s[4] = {2, 64};
+  s[6] = {8, 2048};
+  cgx::layerwise_plan<float, mpi, cgx::quant::nearest> plan{mpi{MPI_COMM_WORLD}, model_size, ls,
+                                                            {.check = cgx::checking::collective}};
+  plan.set_settings(s);
+  auto x = inputs<float>(r, model_size, 13);
+  plan(x.data(), x.size());
+  CHECK(outside_bound(x, ls, s, 13) == 0);
+  CHECK(layers_identical(x, ls));
+  // a bucket of 64 carries its min and unit for every 64 values: more metadata than 2048's
+  CHECK(cgx::setting_bytes<float>({4, 64}, 4096) > cgx::setting_bytes<float>({4, 2048}, 4096));
+  s[0] = {3, 100};
+  CHECK_THROWS_WITH_AS(plan.set_settings(s), doctest::Contains("bucket 100"), cgx::error);
+}
+
 TEST_CASE("stochastic rounding: identical on all ranks, uncompressed layers exact, compressed ones within bound, over repeated calls") {
   const int r = world_rank();
   const auto ls = model_layers();

@@ -18,8 +18,9 @@
 /// # The one dispatcher
 ///
 /// A setting's run-time bits and bucket become a quantizer type in `with_quantizer`
-/// only: bits 1..8 (`dispatch_bits`) x buckets `layerwise_buckets` (128, 512, 1024),
-/// or `quant::none` for bits 0. Other buckets are rejected with cgx::error.
+/// only: bits 1..8 (`dispatch_bits`) x buckets `layerwise_buckets` (64, 128, 512, 1024,
+/// 2048 on the host; the device plans compile `layerwise_device_buckets`, 128, 512 and
+/// 1024), or `quant::none` for bits 0. Other buckets are rejected with cgx::error.
 
 #include <algorithm>
 #include <cstddef>
@@ -55,8 +56,11 @@ struct layer_setting {
   friend bool operator==(const layer_setting&, const layer_setting&) = default;
 };
 
-/// The bucket sizes compiled into the layer-wise plans.
-inline constexpr std::size_t layerwise_buckets[] = {128, 512, 1024};
+/// The bucket sizes compiled into the host layer-wise plans (64 and 2048: the sizes
+/// torch_cgx's users set, besides cgx's own 128, 512 and 1024).
+inline constexpr std::size_t layerwise_buckets[] = {64, 128, 512, 1024, 2048};
+/// The bucket sizes compiled into the device layer-wise plans (each one more set of kernels).
+inline constexpr std::size_t layerwise_device_buckets[] = {128, 512, 1024};
 
 /// CGX's defaults: what a layer gets unless told otherwise.
 struct layerwise_defaults {
@@ -84,21 +88,39 @@ inline void validate_setting(const layer_setting& s, std::size_t index) {
   if (s.bits == 0) return;
   if (std::find(std::begin(layerwise_buckets), std::end(layerwise_buckets), s.bucket) == std::end(layerwise_buckets))
     throw error(errc::invalid_argument, "layer " + std::to_string(index) + ": bucket " + std::to_string(s.bucket) +
-                                            " is not compiled in (use 128, 512 or 1024)");
+                                            " is not compiled in (use 64, 128, 512, 1024 or 2048)");
 }
 
-/// The dispatcher: calls f(std::type_identity<Q>{}) with Q = quant::maxmin<s.bits,
-/// s.bucket, Rounding>, or quant::none for s.bits == 0, and returns its result.
-/// Throws cgx::error(errc::invalid_argument) for a setting outside the compiled set.
-template <class Rounding, class F>
-decltype(auto) with_quantizer(const layer_setting& s, F&& f) {
+/// The dispatcher over the buckets {Buckets...}: calls f(std::type_identity<Q>{}) with
+/// Q = quant::maxmin<s.bits, s.bucket, Rounding>, or quant::none for s.bits == 0, and
+/// returns its result. Throws cgx::error(errc::invalid_argument) for a setting outside
+/// the compiled set.
+template <class Rounding, int... Buckets, class F>
+decltype(auto) with_quantizer_in(const layer_setting& s, F&& f) {
   if (s.bits == 0) return f(std::type_identity<quant::none>{});
-  if (s.bucket > 1024) throw error(errc::invalid_argument, "layer-wise plan: bucket " + std::to_string(s.bucket) + " is not compiled in");
+  if (((s.bucket != static_cast<std::size_t>(Buckets)) && ...)) {
+    std::string set;
+    ((set += (set.empty() ? "" : ", ") + std::to_string(Buckets)), ...);
+    throw error(errc::invalid_argument, "layer-wise plan: bucket " + std::to_string(s.bucket) +
+                                            " is not compiled into this plan (its buckets: " + set + ")");
+  }
   return dispatch_bits(s.bits, [&](auto b) -> decltype(auto) {
-    return dispatch<128, 512, 1024>(static_cast<int>(s.bucket), [&](auto k) -> decltype(auto) {
+    return dispatch<Buckets...>(static_cast<int>(s.bucket), [&](auto k) -> decltype(auto) {
       return f(std::type_identity<quant::maxmin<decltype(b)::value, static_cast<std::size_t>(decltype(k)::value), Rounding>>{});
     });
   });
+}
+
+/// The host plans' dispatcher: with_quantizer_in over `layerwise_buckets`.
+template <class Rounding, class F>
+decltype(auto) with_quantizer(const layer_setting& s, F&& f) {
+  return with_quantizer_in<Rounding, 64, 128, 512, 1024, 2048>(s, static_cast<F&&>(f));
+}
+
+/// The device plans' dispatcher: with_quantizer_in over `layerwise_device_buckets`.
+template <class Rounding, class F>
+decltype(auto) with_device_quantizer(const layer_setting& s, F&& f) {
+  return with_quantizer_in<Rounding, 128, 512, 1024>(s, static_cast<F&&>(f));
 }
 
 /// Bytes of the compressed form of `count` values of T with setting s.

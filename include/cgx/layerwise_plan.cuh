@@ -61,7 +61,7 @@ struct device_codec {
 /// The kernels of setting s in runtime policy RT.
 template <class T, class RT, class Rounding>
 device_codec<T> make_device_codec(const layer_setting& s) {
-  return with_quantizer<Rounding>(s, [](auto q) {
+  return with_device_quantizer<Rounding>(s, [](auto q) {
     using Q = typename decltype(q)::type;
     using D = typename RT::template kernels<Q>;
     return device_codec<T>{

@@ -6,6 +6,10 @@
   feedback optional).
 - ``cgx_torch.allreduce_(tensor, bits=4)``: an in-place compressed sum over an mpi4py
   communicator, for code that is not DDP.
+- the ``cgx`` torch.distributed backend: ``dist.init_process_group("cgx")``, found by
+  torch through its entry points once cgx_torch is installed (no import needed; see
+  cgx_torch.backend), with FSDP2's plug-ins in ``cgx_torch.fsdp``; torch_cgx's scripts
+  run through the ``torch_cgx`` and ``cgx_utils`` modules installed with it.
 
 The ranks share torch.distributed's process group (launch with torchrun; cgx's messages
 go over the group's own gloo send/recv, no MPI needed) or an MPI communicator (launch
@@ -22,7 +26,16 @@ from ._core import (COMPRESSED_DTYPES, EXACT_DTYPES, SUPPORTED_DTYPES, AdaptiveO
 from .ddp import CGXState, bucket_layers, cgx_hook, init_process_group_from_mpi
 from . import backend
 
-backend.register()  # dist.init_process_group("cgx") (torch >= 2.x)
+backend.register()  # dist.init_process_group("cgx") (torch >= 2.x; installed: registered by torch itself)
+
+
+def __getattr__(name):
+    """cgx_torch.fsdp (FSDP2's plug-ins) is imported when first used: it imports FSDP2."""
+    if name == "fsdp":
+        import importlib
+
+        return importlib.import_module(".fsdp", __name__)
+    raise AttributeError(f"module 'cgx_torch' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 

@@ -2,6 +2,8 @@
 import atexit
 import hashlib
 import os
+import queue
+import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,7 +24,7 @@ STAGED_DTYPES = (torch.float16, torch.bfloat16)
 #: integers and bool (bool: logical or, as torch.distributed's SUM), complex.
 EXACT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64,
                 torch.complex128)
-_BUCKETS = (128, 512, 1024)
+_BUCKETS = (64, 128, 512, 1024, 2048)  # layerwise_buckets (the device plans: 128, 512, 1024)
 _ROUNDINGS = ("stochastic", "nearest")
 _CHECKS = ("build", "call")
 
@@ -112,6 +114,34 @@ class Settings:
         return c
 
 
+def default_bucket(bits):
+    """The bucket for `bits` when none is given (issue 37, docs/results/lm-adam.md): the hook,
+    the backend and allreduce_ alike."""
+    return 128 if 1 <= bits <= 2 else 1024
+
+
+def default_rounding(bits):
+    """The rounding for `bits` when none is given (the hook, the backend and allreduce_)."""
+    return "nearest" if 1 <= bits <= 2 else "stochastic"
+
+
+def default_error_feedback(bits):
+    """Whether the hook keeps error feedback at `bits` when not told (CPU buckets)."""
+    return bits == 1
+
+
+def default_ef_decay(bits):
+    """The factor the hook carries error-feedback residuals with at `bits` when not told."""
+    return DEFAULT_EF_DECAY.get(bits, 1.0)
+
+
+# The error-feedback decay per width (docs/results/lm-adam.md, "Error feedback with a
+# decay"): on the transformer LM with AdamW, 1 bit +0.025 over fp32 at 0.5 against +0.050
+# with the whole residual (0.25: +0.028, 0.75: +0.032), 2 bits with error feedback +0.013
+# against +0.024; under SGD 0.5 was the best decay at 1 bit as well. 3-8 bits: whole.
+DEFAULT_EF_DECAY = {1: 0.5, 2: 0.5}
+
+
 def make_settings(bits=4, bucket=1024, rounding="stochastic", min_compressed=1024, error_feedback=False,
                   adaptive=None, check="build", seed=0x63677821, threads=1, ef_decay=1.0) -> Settings:
     """Settings from keyword arguments; ``adaptive=True`` means ``AdaptiveOptions()``."""
@@ -123,6 +153,41 @@ def make_settings(bits=4, bucket=1024, rounding="stochastic", min_compressed=102
         adaptive = AdaptiveOptions(**adaptive)
     return Settings(bits, bucket, rounding, min_compressed, error_feedback, adaptive, check, seed, threads,
                     float(ef_decay) if isinstance(ef_decay, int) and not isinstance(ef_decay, bool) else ef_decay)
+
+
+class Worker:
+    """One background thread that runs submitted calls one after the other, in the order
+    they were submitted (every rank submits a group's collectives in the same order): the
+    hook's reductions, the backend's compressed calls."""
+
+    def __init__(self, name):
+        """Starts the thread."""
+        self.q = queue.SimpleQueue()
+        self.t = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.t.start()
+
+    def _loop(self):
+        """Runs the submitted calls in order until stop()."""
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            fn, fut = item
+            try:
+                r = fn()
+            except BaseException as e:  # noqa: B902 (handed to whoever waits on fut)
+                fut.set_exception(e)
+            else:
+                fut.set_result(r)
+
+    def submit(self, fn, fut):
+        """Queues fn; its result (or exception) completes fut (a torch.futures.Future)."""
+        self.q.put((fn, fut))
+
+    def stop(self):
+        """Finishes the queued calls and ends the thread."""
+        self.q.put(None)
+        self.t.join()
 
 
 def comm_handle(comm):
@@ -367,7 +432,7 @@ _plans = {}
 _EXACT = "exact"  # _plans' entry for a key reduced by MPI (EXACT_DTYPES)
 
 
-def allreduce_(tensor, bits=4, *, bucket=1024, rounding="stochastic", min_compressed=1024, error_feedback=False,
+def allreduce_(tensor, bits=4, *, bucket=None, rounding=None, min_compressed=1024, error_feedback=False,
                adaptive=None, average=False, comm=None, check="build", seed=0x63677821, threads=1, ef_decay=1.0):
     """Sums ``tensor`` over the ranks of ``comm`` in place (a torch.distributed ProcessGroup
     or an mpi4py communicator; default: MPI.COMM_WORLD under mpirun, else
@@ -376,8 +441,9 @@ def allreduce_(tensor, bits=4, *, bucket=1024, rounding="stochastic", min_compre
     with the same shape, dtype and settings.
 
     The tensor is one layer: ``bits`` (1..8, 0 = uncompressed) with max-min buckets of
-    ``bucket`` values (128, 512, 1024) and ``rounding`` ("stochastic", unbiased, or
-    "nearest"); a tensor of fewer than ``min_compressed`` values goes uncompressed.
+    ``bucket`` values (64, 128, 512, 1024, 2048) and ``rounding`` ("stochastic", unbiased, or
+    "nearest"), by default the measured ones of the width as in the hook and the backend
+    (1-2 bits: 128 and nearest; 3-8 bits: 1024 and stochastic); a tensor of fewer than ``min_compressed`` values goes uncompressed.
     ``error_feedback`` keeps this rank's quantization residual for the next call with
     the same shape and settings (host only), carried into that call multiplied by
     ``ef_decay`` (in [0, 1]; 1: whole); ``adaptive`` (True or AdaptiveOptions)
@@ -398,6 +464,8 @@ def allreduce_(tensor, bits=4, *, bucket=1024, rounding="stochastic", min_compre
     tensor or an average of integers, CGXError (a RuntimeError) for CUDA tensors in a
     build without device plans and for failures inside cgx.
     """
+    bucket = default_bucket(bits) if bucket is None else bucket
+    rounding = default_rounding(bits) if rounding is None else rounding
     s = make_settings(bits, bucket, rounding, min_compressed, error_feedback, adaptive, check, seed, threads,
                       ef_decay)
     group = group_of(comm)

@@ -1,32 +1,52 @@
-"""The ``cgx`` torch.distributed backend (torch >= 2.x): ``import cgx_torch`` registers it, so
-that ``dist.init_process_group("cgx")`` (or ``"cpu:cgx,cuda:cgx"``) works as it does with
-torch_cgx. Inside, each group has a gloo backend over the same Store, rank and size:
+"""The ``cgx`` torch.distributed backend (torch >= 2.x).
+
+Installed cgx_torch registers it through torch's entry points (cgx_torch_autoload.py), so
+``dist.init_process_group("cgx")``, ``"cpu:cgx,cuda:cgx"``, ``new_group(backend="cgx")``
+and DeviceMesh sub-groups work with no import of cgx in the script; ``import cgx_torch``
+registers it too (torch < 2.5, or a build that was not installed). Each group holds two
+gloo backends over its Store: one for cgx's own messages (the compressed calls, run on
+the group's worker thread in the order they were issued) and one for the exact calls
+(the caller's thread, as gloo runs them), so the two never reorder each other's messages.
 
 - ``all_reduce`` of one float tensor (float32, float64; float16 and bfloat16 through a
-  float32 copy) with SUM or AVG is cgx's compressed layer-wise plan, one layer, over the
-  gloo backend's send/recv (cgx_torch's process group transport); CUDA tensors through a
-  host copy;
-- ``reduce_scatter_tensor`` of such a tensor (SUM, AVG) is cgx's compressed reduce-scatter
-  (``layerwise_plan::reduce_scatter``: one layer per rank's shard, the first phase of the
-  allreduce alone, half its bytes): each rank's shard of the sum, its own values exact
-  and the others' compressed;
-- every other op, dtype and reduction goes to gloo unchanged and exact.
+  float32 copy) with SUM or AVG: cgx's compressed layer-wise plan, one layer; CUDA
+  tensors through a host copy (waited for on the caller's thread);
+- ``reduce_scatter_tensor`` (and its coalesced form) of such tensors, SUM or AVG: cgx's
+  compressed reduce-scatter (``layerwise_plan::reduce_scatter``: one layer per rank's
+  shard, the first phase of the allreduce alone, half its bytes): each rank's shard of
+  the sum, its own values exact and the others' compressed;
+- every other op, dtype and reduction (all-gathers included: parameters travel exact)
+  goes to gloo unchanged and exact.
 
-Settings come from the environment, with torch_cgx's names where it has them:
-``CGX_COMPRESSION_QUANTIZATION_BITS`` (1..8; 32 or 0: uncompressed; default 4),
-``CGX_COMPRESSION_BUCKET_SIZE`` (128, 512 or 1024; default 1024),
-``CGX_COMPRESSION_MINIMAL_SIZE`` (tensors with fewer values go uncompressed; default 1024),
-and cgx's own ``CGX_COMPRESSION_ROUNDING`` (stochastic or nearest) and
-``CGX_COMPRESSION_SEED``; ``cgx_torch.backend.configure(bits=..., ...)`` overrides them for
-the groups created after it. Every rank must use the same settings (checked once per
-tensor shape: MismatchError on every rank).
+The compressed calls return at once with a Work that completes when the worker has
+reduced the tensor (DDP overlaps them with the backward pass, as it does gloo's); an
+error (a peer's failure, settings that differ between ranks) is raised by ``wait()`` on
+every rank. Their settings are read at every call, with torch_cgx's names where it has
+them (``configure()`` overrides them):
 
-The compressed calls run on the calling thread and return a completed Work (DDP's
-buckets are reduced one after the other, not overlapped with the backward pass; the
-``cgx_hook`` overlaps them).
+- ``CGX_COMPRESSION_QUANTIZATION_BITS``: 1..8; 32 or 0 uncompressed; default 4 (with
+  ``import torch_cgx``: 32, as torch_cgx's);
+- ``CGX_COMPRESSION_BUCKET_SIZE``: 64, 128, 512, 1024 or 2048; default the width's
+  measured one (1-2 bits 128, 3-8 bits 1024), as the hook's;
+- ``CGX_COMPRESSION_MINIMAL_SIZE``: tensors with fewer values go uncompressed; default
+  1024 (``import torch_cgx``: 16, and never below 16, as torch_cgx's);
+- ``CGX_COMPRESSION_ROUNDING`` (stochastic or nearest; default the width's: 1-2 bits
+  nearest, 3-8 stochastic) and ``CGX_COMPRESSION_SEED``: cgx's own.
+
+torch_cgx's other variables are answered, never ignored: ``CGX_FUSION_BUFFER_SIZE_MB``,
+``CGX_INNER_COMMUNICATOR_TYPE``/``CGX_CROSS_COMMUNICATOR_TYPE`` (MPI, SHM, NCCL),
+``CGX_INNER_REDUCTION_TYPE``/``CGX_CROSS_REDUCTION_TYPE`` (SRA, Ring) and
+``CGX_INTRA_BROADCAST``, ``CGX_COMPRESSION_SKIP_INCOMPLETE_BUCKETS`` with a warning (once
+per value) that says what cgx does instead (every value within the same bound); a value
+that none of them takes is an error. Every rank must use the same settings (checked when
+a plan is built: MismatchError raised by every rank's ``wait()``).
 """
+import atexit
 import datetime
+import json
 import os
+import warnings
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -35,7 +55,6 @@ from . import _C, _core
 
 try:  # torch >= 2.x: Python subclasses of c10d's Backend
     from torch._C._distributed_c10d import Backend as _C10dBackend
-    from torch._C._distributed_c10d import _create_work_from_future
 except ImportError:  # torch 1.13: no `cgx` backend (the hook and allreduce_ work)
     _C10dBackend = None
 
@@ -49,15 +68,63 @@ _ENV = {
     "seed": "CGX_COMPRESSION_SEED",
 }
 
+# torch_cgx's variables that choose how bytes travel, not what is computed: the values it
+# takes, and what cgx does instead (the answer a script gets, once per value).
+_TRAVEL = {
+    "CGX_FUSION_BUFFER_SIZE_MB": (None, "cgx reduces each tensor torch hands it (DDP's buckets are set by "
+                                        "bucket_cap_mb); it fuses nothing itself"),
+    "CGX_INNER_COMMUNICATOR_TYPE": (("MPI", "SHM", "NCCL"), "the `cgx` backend sends over the group's own "
+                                    "gloo connections (torchrun or mpirun alike); cgx's MPI, shared-memory and "
+                                    "NCCL transports are used by the C++ plans and by cgx_torch over mpi4py"),
+    "CGX_CROSS_COMMUNICATOR_TYPE": (("MPI", "NCCL"), "the `cgx` backend sends over the group's own gloo "
+                                    "connections"),
+    "CGX_INNER_REDUCTION_TYPE": (("SRA", "RING"), "the `cgx` backend reduces with scatter-reduce-allgather"),
+    "CGX_CROSS_REDUCTION_TYPE": (("SRA", "RING"), "the `cgx` backend reduces with scatter-reduce-allgather"),
+    "CGX_INTRA_BROADCAST": (("0", "1"), "every rank takes part in every phase (no per-node leader)"),
+    "CGX_COMPRESSION_SKIP_INCOMPLETE_BUCKETS": (("0", "1"), "the last, shorter bucket of a tensor is "
+                                                "compressed as the others, within the same bound"),
+}
+# The values that are what cgx does anyway: no warning.
+_TRAVEL_SAME = {"CGX_INNER_REDUCTION_TYPE": "SRA", "CGX_CROSS_REDUCTION_TYPE": "SRA", "CGX_INTRA_BROADCAST": "0",
+                "CGX_COMPRESSION_SKIP_INCOMPLETE_BUCKETS": "0"}
+_warned = set()
+
+#: The defaults of each profile: "cgx" (cgx_torch's), "torch_cgx" (set by import torch_cgx).
+PROFILES = {
+    "cgx": {"bits": 4, "min_compressed": 1024, "min_floor": 0},
+    "torch_cgx": {"bits": 0, "min_compressed": 16, "min_floor": 16},
+}
+_profile = "cgx"
+
+
+def use_defaults(profile):
+    """Selects the defaults of settings the environment and configure() leave unset:
+    "cgx" (4 bits, tensors of 1024 values and more compressed) or "torch_cgx" (torch_cgx's:
+    uncompressed unless CGX_COMPRESSION_QUANTIZATION_BITS is below 32, tensors of 16
+    values and more). ``import torch_cgx`` selects "torch_cgx". Applies to every later call
+    of every `cgx` group of this process (every rank must select the same)."""
+    global _profile
+    if profile not in PROFILES:
+        raise ValueError(f"cgx_torch: unknown defaults {profile!r} (known: {sorted(PROFILES)})")
+    _profile = profile
+    _settings_cache.clear()
+
 
 def configure(**settings):
-    """Overrides the environment's settings for `cgx` groups created from now on:
+    """Overrides the environment's settings for every later call of the `cgx` backend:
     bits, bucket, min_compressed, rounding, seed (see cgx_torch.make_settings)."""
     unknown = set(settings) - set(_ENV)
     if unknown:
         raise TypeError(f"cgx_torch.backend.configure: unknown settings {sorted(unknown)} (known: {sorted(_ENV)})")
-    _core.make_settings(**{**_env_settings(), **settings})  # checks them now
+    _resolve({**_env_settings(), **settings})  # checks them now
     _overrides.update(settings)
+    _settings_cache.clear()
+
+
+def reset():
+    """Forgets configure()'s overrides (the environment and the defaults apply again)."""
+    _overrides.clear()
+    _settings_cache.clear()
 
 
 def _env_settings():
@@ -65,37 +132,139 @@ def _env_settings():
     out = {}
     for key, var in _ENV.items():
         v = os.environ.get(var)
-        if v is None or v == "":
+        if v is None or v.strip() == "":
             continue
         if key == "rounding":
-            out[key] = v
+            out[key] = v.strip().lower()
             continue
         try:
             n = int(v, 0)
         except ValueError:
             raise ValueError(f"cgx_torch: {var}={v!r} is not an integer") from None
-        if key == "bits" and n == 32:
+        if key == "bits" and n >= 32:
             n = 0  # torch_cgx's "no compression"
         out[key] = n
     return out
 
 
+def _answer_travel_variables():
+    """Warns once per (variable, value) about torch_cgx's transport variables; ValueError
+    for a value torch_cgx would not take either."""
+    for var, (values, instead) in _TRAVEL.items():
+        v = os.environ.get(var)
+        if v is None or v.strip() == "":
+            continue
+        u = v.strip().upper()
+        if values is None:
+            try:
+                ok = int(u) > 0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"cgx_torch: {var}={v!r}: expected a positive integer (megabytes)")
+        elif u not in values:
+            raise ValueError(f"cgx_torch: {var}={v!r}: expected one of {', '.join(values)}")
+        if _TRAVEL_SAME.get(var) == u or (var, u) in _warned:
+            continue
+        _warned.add((var, u))
+        warnings.warn(f"cgx_torch: {var}={v} has no effect here: {instead}", RuntimeWarning, stacklevel=4)
+
+
+def _resolve(given):
+    """Settings from the given values and the profile's defaults (the width's measured
+    bucket and rounding where none is given)."""
+    d = PROFILES[_profile]
+    bits = given.get("bits", d["bits"])
+    bucket = given.get("bucket", _core.default_bucket(bits))
+    rounding = given.get("rounding", _core.default_rounding(bits))
+    min_compressed = max(given.get("min_compressed", d["min_compressed"]), d["min_floor"])
+    extra = {"seed": given["seed"]} if "seed" in given else {}
+    return _core.make_settings(bits=bits, bucket=bucket, rounding=rounding, min_compressed=min_compressed, **extra)
+
+
+_settings_cache = {}
+
+
 def settings():
-    """The settings a `cgx` group created now would use."""
-    return _core.make_settings(**{**_env_settings(), **_overrides})
+    """The settings a `cgx` call issued now uses (read from the environment each time;
+    ValueError for a value the plans do not take)."""
+    key = (_profile, tuple(os.environ.get(v) for v in _ENV.values()), tuple(sorted(_overrides.items())))
+    s = _settings_cache.get(key)
+    if s is None:
+        _answer_travel_variables()
+        s = _resolve({**_env_settings(), **_overrides})
+        if len(_settings_cache) > 64:
+            _settings_cache.clear()
+        _settings_cache[key] = s
+    return s
 
 
-def _done(tensors):
-    """A completed Work holding `tensors` (what a compressed call returns)."""
-    fut = torch.futures.Future()
-    fut.set_result(tensors)
-    return _create_work_from_future(fut)
+_backends = weakref.WeakSet()
+
+
+def _report(b):
+    """With CGX_TORCH_REPORT=PATH: appends one JSON line about backend b (its rank, size,
+    compressed calls issued, plans built) to PATH.<pid>, once (at destroy_process_group or
+    at exit): how a launcher or a test sees that a script really went through cgx."""
+    path = os.environ.get("CGX_TORCH_REPORT")
+    if not path or getattr(b, "_reported", True):
+        return
+    b._reported = True
+    line = {"rank": b._rank, "size": b._size, "compressed_calls": b.calls, "plans": b.plans_built,
+            "settings": repr(settings())}
+    with open(f"{path}.{os.getpid()}", "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+@atexit.register
+def _report_all():
+    for b in list(_backends):
+        _report(b)
+
+
+class _Work(dist.Work if hasattr(dist, "Work") else object):
+    """The Work of a call the worker runs: wait() blocks until the worker has run it and
+    raises what it raised (torch's Work made from a future returns True even when the
+    future holds an error); get_future() is its future (DDP chains on it)."""
+
+    def __init__(self, fut):
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout=None):
+        self._fut.wait()  # raises the call's exception
+        return True
+
+    def is_completed(self):
+        return self._fut.done()
+
+    def is_success(self):
+        if not self._fut.done():
+            return False
+        try:
+            self._fut.value()
+        except Exception:  # noqa: BLE001
+            return False
+        return True
+
+    def exception(self):
+        try:
+            self._fut.value()
+        except Exception as e:  # noqa: BLE001
+            return e
+        return None
+
+    def result(self):
+        return self._fut.value()
+
+    def get_future(self):
+        return self._fut
 
 
 if _C10dBackend is not None:
 
     class _BackendGroup(_core.TorchGroup):
-        """TorchGroup over the gloo backend inside a CGXBackend."""
+        """TorchGroup over the gloo backend of a CGXBackend's compressed calls."""
 
         def __init__(self, gloo, store, timeout):
             self.pg = gloo
@@ -105,128 +274,205 @@ if _C10dBackend is not None:
             self.key = ("backend", id(self))
 
         def exact_allreduce_(self, t):
-            """Sums t in place with the gloo backend (exact)."""
+            """Sums t in place with the compressed calls' gloo backend (exact)."""
             opts = dist.AllreduceOptions()
             opts.reduceOp = dist.ReduceOp.SUM
             self.pg.allreduce([t], opts).wait()
             return t
 
+    def _avg_of(op):
+        return op == dist.ReduceOp.AVG
+
     class CGXBackend(_C10dBackend):
         """torch.distributed backend ``cgx`` (see the module comment)."""
 
         def __init__(self, store, rank, size, timeout):
-            """Called by init_process_group / new_group with the group's Store, rank, size, timeout."""
+            """Called (through create_backend) by init_process_group / new_group with the
+            group's Store, rank, size and timeout."""
             super().__init__(rank, size)
             if not isinstance(timeout, datetime.timedelta):
                 timeout = datetime.timedelta(milliseconds=int(timeout))
+            self._size = size
+            self._rank = rank
+            self._timeout = timeout
+            # exact calls: gloo as it is; compressed calls: their own gloo (own Store prefix)
             self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
-            self._settings = settings()
-            self._group = _BackendGroup(self._gloo, store, timeout)
+            self._cgx_store = dist.PrefixStore("cgx", store)
+            self._cgx_gloo = dist.ProcessGroupGloo(self._cgx_store, rank, size, timeout)
+            self._group = _BackendGroup(self._cgx_gloo, self._cgx_store, timeout)
             self._plans = {}
+            self._worker = _core.Worker(f"cgx_torch-backend-r{rank}")
+            self.calls = 0  # compressed calls issued
+            self.plans_built = 0
+            self._reported = False
+            _backends.add(self)
 
         def getBackendName(self):
             return "cgx"
 
         def shutdown(self):
-            """destroy_process_group: frees the plans and the channel (its watcher thread)."""
+            """destroy_process_group: finishes the queued calls, frees the plans and the channel."""
+            w, self._worker = getattr(self, "_worker", None), None
+            if w is not None:
+                w.stop()
+            _report(self)
             self._plans.clear()
             self._group = None
 
+        def abort(self):
+            self.shutdown()
+
         # The compressed ops.
-        def _compressible(self, t, op):
+        @staticmethod
+        def _compressible(t, op):
             """Whether cgx compresses this reduction of t."""
             return (isinstance(t, torch.Tensor) and t.dtype in _core.COMPRESSED_DTYPES and t.layout == torch.strided
                     and t.device.type in ("cpu", "cuda") and t.is_contiguous()
                     and (op == dist.ReduceOp.SUM or op == dist.ReduceOp.AVG))  # (SUM == op is False)
 
-        def _entry(self, t, scatter):
-            """(plan, staging buffer or None) for t, built once per shape, dtype, device and
-            operation (collective when built): one layer (allreduce) or one layer per rank's
-            shard (reduce-scatter). A float16, bfloat16 or CUDA tensor, and every
+        def _entry(self, t, scatter, s):
+            """(plan, staging buffer or None) for t with settings s, built once per shape,
+            dtype, device, operation and settings: one layer (allreduce) or one layer per
+            rank's shard (reduce-scatter). A float16, bfloat16 or CUDA tensor, and every
             reduce-scatter's input, goes through a float32 (or float64) host buffer kept
-            with the plan."""
-            s = self._settings
-            key = (tuple(t.shape), str(t.dtype), t.device.type, "reduce_scatter" if scatter else "allreduce")
+            with the plan. Runs on the worker. Collective at every call: the ranks check
+            that all have the same key (one small allreduce), since the settings are read
+            at each call and a rank whose environment differs must not reach a cached plan
+            while its peers build theirs."""
+            key = (tuple(t.shape), str(t.dtype), t.device.type, "reduce_scatter" if scatter else "allreduce", s)
             entry = self._plans.get(key)
+            _core.agree(self._group, key, None)
             if entry is None:
-                _core.agree(self._group, key + (s,), None)
                 # (a reduce-scatter leaves all but its shard unspecified: always on a copy)
                 staged = scatter or t.dtype in _core.STAGED_DTYPES or t.device.type != "cpu"
                 buf = torch.empty(t.numel(), dtype=torch.float32 if t.dtype in _core.STAGED_DTYPES else t.dtype) \
                     if staged else None
-                n, p = t.numel(), self._group.size
+                n, p = t.numel(), self._size
                 layers = [(r * (n // p), n // p, False) for r in range(p)] if scatter else [(0, n, False)]
                 plan = _core.new_plan(self._group, buf if staged else t, layers, s)
+                if len(self._plans) >= 256:  # shapes that come and go: keep the cache bounded
+                    self._plans.pop(next(iter(self._plans)))
                 entry = self._plans[key] = (plan, buf)
+                self.plans_built += 1
             return entry
 
-        def _reduce(self, t, average):
-            """Sums (or averages) t over the group in place with cgx (collective)."""
-            plan, buf = self._entry(t, False)
+        def _reduce(self, t, average, s):
+            """Sums (or averages) t over the group in place with cgx (worker)."""
+            plan, buf = self._entry(t, False, s)
             work = t if buf is None else buf.view(t.shape).copy_(t)
             plan.run(work)
             if average:
-                work.div_(self._group.size)
+                work.div_(self._size)
             if work is not t:
                 t.copy_(work)
             return t
 
+        def _submit(self, fn, device):
+            """Runs fn on the worker: a Work that completes later (CPU), or completed
+            before returning (CUDA: its host copies are made on the caller's stream)."""
+            if self._worker is None:
+                raise _core.CGXError("cgx_torch: the `cgx` group was shut down")
+            self.calls += 1
+            w = _Work(torch.futures.Future())
+            self._worker.submit(fn, w.get_future())
+            if device == "cuda":
+                w.wait()
+            return w
+
         def allreduce(self, tensors, opts):
             op = opts.reduceOp
             if len(tensors) == 1 and self._compressible(tensors[0], op):
-                self._reduce(tensors[0], op == dist.ReduceOp.AVG)
-                return _done(tensors)
-            if op == dist.ReduceOp.AVG:  # gloo has no AVG: its sum, divided
-                sum_opts = dist.AllreduceOptions()
-                sum_opts.reduceOp = dist.ReduceOp.SUM
-                self._gloo.allreduce(tensors, sum_opts).wait()
+                s = settings()  # read now, at the call, on the caller's thread
+                if s.bits != 0:
+                    t, avg = tensors[0], _avg_of(op)
+                    return self._submit(lambda: [self._reduce(t, avg, s)], t.device.type)
+            return self._exact_allreduce(tensors, op, opts)
+
+        def _exact_allreduce(self, tensors, op, opts):
+            """gloo's allreduce; AVG (which gloo lacks) as its SUM divided by the size."""
+            if not _avg_of(op):
+                return self._gloo.allreduce(tensors, opts)
+            sum_opts = dist.AllreduceOptions()
+            sum_opts.reduceOp = dist.ReduceOp.SUM
+            size = self._size
+
+            def divide(fut):
+                fut.wait()
                 for t in tensors:
-                    t.div_(self._group.size)
-                return _done(tensors)
-            return self._gloo.allreduce(tensors, opts)
+                    t.div_(size)
+                return tensors
+
+            return _Work(self._gloo.allreduce(tensors, sum_opts).get_future().then(divide))
 
         def reduce_scatter_single(self, output, input, opts):  # noqa: A002 (torch's name)
-            return self._reduce_scatter(output, input, opts)
+            return self._reduce_scatter([output], [input], opts)
 
-        def _reduce_scatter_base(self, output, input, opts):  # noqa: A002
-            return self._reduce_scatter(output, input, opts)
+        def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
+            return self._reduce_scatter(list(outputs), list(inputs), opts)
 
-        def _reduce_scatter(self, output, input, opts):  # noqa: A002
-            op = opts.reduceOp
-            p = self._group.size
-            if (self._compressible(input, op) and input.numel() == p * output.numel()
-                    and output.dtype == input.dtype):
-                plan, buf = self._entry(input, True)
-                work = buf.view(input.shape).copy_(input).view(-1)
-                plan.reduce_scatter(work)
-                m = output.numel()
-                shard = work[self._group.rank * m:(self._group.rank + 1) * m]
-                if op == dist.ReduceOp.AVG:
-                    shard.div_(p)
-                output.view(-1).copy_(shard)
-                return _done([output])
-            chunks = list(input.view(-1).chunk(p)) if input.numel() == p * output.numel() else None
-            if chunks is None:
-                raise ValueError(f"cgx: reduce_scatter_tensor: input of {input.numel()} values for an output of "
-                                 f"{output.numel()} on {p} ranks")
-            sum_op = dist.ReduceOp.SUM if op == dist.ReduceOp.AVG else op
-            w = torch.empty_like(input)
-            w.copy_(input)
+        # the same ops under the names of earlier torch 2.x
+        _reduce_scatter_base = reduce_scatter_single
+        reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+        def _reduce_scatter(self, outputs, inputs, opts):
+            """Reduce-scatter of each inputs[i] into outputs[i] (one Work for all)."""
+            op, p = opts.reduceOp, self._size
+            for o, i in zip(outputs, inputs):
+                if i.numel() != p * o.numel():
+                    raise ValueError(f"cgx: reduce_scatter_tensor: input of {i.numel()} values for an output of "
+                                     f"{o.numel()} values on {p} ranks")
+                if o.dtype != i.dtype or o.device != i.device:
+                    raise ValueError(f"cgx: reduce_scatter_tensor: output ({o.dtype}, {o.device}) and input "
+                                     f"({i.dtype}, {i.device}) differ")
+            s = settings()
+            if s.bits != 0 and len(outputs) == len(inputs) and all(self._compressible(i, op) for i in inputs):
+                avg, rank = _avg_of(op), self._rank
+
+                def run():
+                    for o, i in zip(outputs, inputs):
+                        plan, buf = self._entry(i, True, s)
+                        work = buf.view(i.shape).copy_(i).view(-1)
+                        plan.reduce_scatter(work)
+                        m = o.numel()
+                        shard = work[rank * m:(rank + 1) * m]
+                        if avg:
+                            shard.div_(p)
+                        o.view(-1).copy_(shard)
+                    return outputs
+
+                return self._submit(run, inputs[0].device.type if inputs else "cpu")
+            return self._exact_reduce_scatter(outputs, inputs, op)
+
+        def _exact_reduce_scatter(self, outputs, inputs, op):
+            """gloo: the allreduce of a copy of each input, this rank's shard kept (AVG: divided)."""
+            p, rank = self._size, self._rank
+            sum_op = dist.ReduceOp.SUM if _avg_of(op) else op
+            copies = [i.detach().clone() for i in inputs]
             o = dist.AllreduceOptions()
             o.reduceOp = sum_op
-            self._gloo.allreduce([w], o).wait()
-            m = output.numel()
-            output.view(-1).copy_(w.view(-1)[self._group.rank * m:(self._group.rank + 1) * m])
-            if op == dist.ReduceOp.AVG:
-                output.div_(p)
-            return _done([output])
+            works = [self._gloo.allreduce([c], o) for c in copies]
 
-        # Everything else: gloo, unchanged.
+            def finish(_):
+                for w in works:
+                    w.wait()
+                for out, c in zip(outputs, copies):
+                    m = out.numel()
+                    out.view(-1).copy_(c.view(-1)[rank * m:(rank + 1) * m])
+                    if _avg_of(op):
+                        out.div_(p)
+                return outputs
+
+            return _Work(torch.futures.collect_all([w.get_future() for w in works]).then(finish))
+
+        # Everything else: gloo, unchanged (torch 2.15's names, and earlier 2.x's).
         def broadcast(self, tensors, opts):
             return self._gloo.broadcast(tensors, opts)
 
         def allreduce_coalesced(self, tensors, opts):
             return self._gloo.allreduce_coalesced(tensors, opts)
+
+        def allreduce_sparse(self, tensors, opts):
+            return self._gloo.allreduce_sparse(tensors, opts)
 
         def reduce(self, tensors, opts):
             return self._gloo.reduce(tensors, opts)
@@ -237,8 +483,12 @@ if _C10dBackend is not None:
         def all_gather_single(self, output, input, opts):  # noqa: A002
             return self._gloo._allgather_base(output, input, opts)
 
-        def _allgather_base(self, output, input, opts):  # noqa: A002
-            return self._gloo._allgather_base(output, input, opts)
+        _allgather_base = all_gather_single
+
+        def all_gather_single_coalesced(self, outputs, inputs, opts):
+            return self._gloo.all_gather_single_coalesced(outputs, inputs, opts)
+
+        allgather_into_tensor_coalesced = all_gather_single_coalesced
 
         def allgather_coalesced(self, outputs, inputs, opts):
             return self._gloo.allgather_coalesced(outputs, inputs, opts)
@@ -255,8 +505,10 @@ if _C10dBackend is not None:
         def alltoall(self, outputs, inputs, opts):
             return self._gloo.alltoall(outputs, inputs, opts)
 
-        def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts):  # noqa: A002
+        def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts):  # noqa: A002
             return self._gloo.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+        alltoall_base = all_to_all_single
 
         def send(self, tensors, dst, tag):
             return self._gloo.send(tensors, dst, tag)
@@ -270,17 +522,28 @@ if _C10dBackend is not None:
         def barrier(self, opts):
             return self._gloo.barrier(opts)
 
-    def _create(store, rank, size, timeout):
-        """The backend's constructor for torch.distributed."""
-        return CGXBackend(store, rank, size, timeout)
+        def monitored_barrier(self, opts, wait_all_ranks=False):
+            """gloo's monitored barrier (it names the ranks that did not come)."""
+            self._gloo.monitored_barrier(opts.timeout, wait_all_ranks)
+
+    def create_backend(dist_backend_opts, backend_options=None):
+        """torch.distributed's constructor of a `cgx` group (extended API: the group's
+        prefixed Store, its rank and size, its timeout)."""
+        o = dist_backend_opts
+        return CGXBackend(o.store, o.group_rank, o.group_size, o.timeout)
 
     def register():
-        """Registers ``cgx`` with torch.distributed (once; import cgx_torch does it)."""
-        if "cgx" in getattr(dist.Backend, "backend_list", []) or hasattr(dist.Backend, "CGX"):
+        """Registers ``cgx`` with torch.distributed (once; installed cgx_torch does it at
+        ``import torch``, ``import cgx_torch`` does it otherwise)."""
+        if "CGX" in getattr(dist.Backend, "_plugins", {}) or "cgx" in getattr(dist.Backend, "backend_list", []):
             return
-        dist.Backend.register_backend("cgx", _create, devices=["cpu", "cuda"])
+        dist.Backend.register_backend("cgx", create_backend, extended_api=True, devices=["cpu", "cuda"])
 
 else:
+
+    def create_backend(dist_backend_opts, backend_options=None):
+        raise _core.CGXError(f"cgx_torch: the `cgx` backend needs torch >= 2.0 (this is {torch.__version__}); "
+                             "use cgx_torch.cgx_hook with gloo")
 
     def register():
         """torch 1.13: no `cgx` backend (the hook and allreduce_ work over gloo or MPI)."""

@@ -1,7 +1,5 @@
 """The DDP communication hook: ``ddp_model.register_comm_hook(CGXState(...), cgx_hook)``."""
 import atexit
-import queue
-import threading
 import weakref
 
 import torch
@@ -52,40 +50,6 @@ def bucket_layers(buf, grads):
     return layers
 
 
-class _Worker:
-    """One background thread that runs a state's reductions in the order they were
-    submitted (DDP submits its buckets in the same order on every rank)."""
-
-    def __init__(self):
-        """Starts the thread."""
-        self.q = queue.SimpleQueue()
-        self.t = threading.Thread(target=self._loop, name="cgx_torch-hook", daemon=True)
-        self.t.start()
-
-    def _loop(self):
-        """Runs the submitted reductions in order until stop()."""
-        while True:
-            item = self.q.get()
-            if item is None:
-                return
-            fn, fut = item
-            try:
-                r = fn()
-            except BaseException as e:  # noqa: B902 (handed to the waiting backward pass)
-                fut.set_exception(e)
-            else:
-                fut.set_result(r)
-
-    def submit(self, fn, fut):
-        """Queues fn; its result (or exception) completes fut."""
-        self.q.put((fn, fut))
-
-    def stop(self):
-        """Finishes the queued reductions and ends the thread."""
-        self.q.put(None)
-        self.t.join()
-
-
 class CGXState:
     """State of the cgx DDP communication hook: the settings (the same on every rank) and
     one cached plan per DDP bucket.
@@ -94,7 +58,7 @@ class CGXState:
     tensors) or device plan (CUDA tensors, where compiled), one layer per parameter: by
     CGX's defaults parameters with fewer than ``min_compressed`` values and
     one-dimensional ones (biases, norms) go uncompressed, the others with ``bits`` (1..8)
-    and max-min buckets of ``bucket`` values (128, 512, 1024), ``rounding`` "stochastic"
+    and max-min buckets of ``bucket`` values (64, 128, 512, 1024, 2048), ``rounding`` "stochastic"
     (unbiased; CGX's) or "nearest". ``error_feedback`` keeps each rank's quantization
     residual (CPU only). ``adaptive`` (True or AdaptiveOptions) re-assigns bits per layer
     from the reduced gradients every ``interval`` steps. Defaults per width (issue 37,
@@ -344,7 +308,7 @@ class CGXState:
     def submit(self, fn, fut):
         """Runs fn() on this state's background thread, completing fut with its result."""
         if self._worker is None:
-            self._worker = _Worker()
+            self._worker = _core.Worker("cgx_torch-hook")
         self._worker.submit(fn, fut)
 
     def free(self):
@@ -359,31 +323,13 @@ class CGXState:
         self._staging.clear()
 
 
-def default_bucket(bits):
-    """The hook's bucket for `bits` when none is given (issue 37, docs/results/lm-adam.md)."""
-    return 128 if 1 <= bits <= 2 else 1024
-
-
-def default_rounding(bits):
-    """The hook's rounding for `bits` when none is given."""
-    return "nearest" if 1 <= bits <= 2 else "stochastic"
-
-
-def default_error_feedback(bits):
-    """Whether the hook keeps error feedback at `bits` when not told (CPU buckets)."""
-    return bits == 1
-
-
-def default_ef_decay(bits):
-    """The factor the hook carries error-feedback residuals with at `bits` when not told."""
-    return DEFAULT_EF_DECAY.get(bits, 1.0)
-
-
-# The error-feedback decay per width (docs/results/lm-adam.md, "Error feedback with a
-# decay"): on the transformer LM with AdamW, 1 bit +0.025 over fp32 at 0.5 against +0.050
-# with the whole residual (0.25: +0.028, 0.75: +0.032), 2 bits with error feedback +0.013
-# against +0.024; under SGD 0.5 was the best decay at 1 bit as well. 3-8 bits: whole.
-DEFAULT_EF_DECAY = {1: 0.5, 2: 0.5}
+# The measured defaults per width live in _core (one width, one default: the hook, the
+# backend and allreduce_ share them); re-exported here for cgx_torch 0.1's callers.
+default_bucket = _core.default_bucket
+default_rounding = _core.default_rounding
+default_error_feedback = _core.default_error_feedback
+default_ef_decay = _core.default_ef_decay
+DEFAULT_EF_DECAY = _core.DEFAULT_EF_DECAY
 
 
 def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

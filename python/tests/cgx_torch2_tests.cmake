@@ -8,6 +8,11 @@
 #                             the gloo group; CGX_TEST_NO_MPI=1: no MPI library in the
 #                             extension or the processes
 #   cgx_backend.torchrun2..4  python/tests/test_backend.py: dist.init_process_group("cgx")
+#   unchanged.gpt_train4      python/tests/third_party/gpt_train.py (a minimal-GPT-style trainer)
+#   unchanged.ddp_tutorial2   and ddp_tutorial.py (torch's DDP tutorial's style), scripts with no
+#                             cgx in them, run by run_unchanged.py with --backend gloo and cgx:
+#                             the backend found through torch's entry points, every rank's calls
+#                             compressed, the loss within a tolerance of gloo's
 #   train_ddp2.torchrun4      examples/python/train_ddp.py under torchrun, 4 ranks: cgx 4-bit
 #                             within 1 point of fp32, identical parameters
 #   lm_adam2.torchrun4        bench/ddp_lm.py --ci under torchrun, 4 ranks: a small transformer
@@ -31,10 +36,12 @@ if(NOT CGX_TORCH2_PYTHON OR CGX_SANITIZE OR CMAKE_CROSSCOMPILING)
 endif()
 
 set(_t2 ${CMAKE_CURRENT_BINARY_DIR}/cgx_torch2)
+# The build, then its metadata (egg_info) beside it: the entry points through which torch
+# finds the `cgx` backend with no import (cgx_torch_autoload.py), as an installed package has.
 add_test(NAME cgx_torch2.build
          COMMAND ${CMAKE_COMMAND} -E env CGX_TORCH_MPI=0 CGX_TORCH_CUDA=0 CGX_INCLUDE_DIR=${PROJECT_SOURCE_DIR}/include
-                 MAX_JOBS=2 "${CGX_TORCH2_PYTHON}" ${PROJECT_SOURCE_DIR}/python/setup.py -q build
-                 --build-base ${_t2}/setup --build-lib ${_t2}/lib)
+                 MAX_JOBS=2 sh -c "\"$0\" \"$1\" -q build --build-base \"$2/setup\" --build-lib \"$2/lib\" && cd \"$2/lib\" && \"$0\" \"$1\" -q egg_info --egg-base \"$2/lib\""
+                 "${CGX_TORCH2_PYTHON}" ${PROJECT_SOURCE_DIR}/python/setup.py ${_t2})
 set_tests_properties(cgx_torch2.build PROPERTIES FIXTURES_SETUP cgx_torch2 LABELS "python;torch2" PROCESSORS 2
                      TIMEOUT 1800)
 
@@ -72,3 +79,20 @@ add_test(NAME ddp_device2.torchrun2
 set_tests_properties(ddp_device2.torchrun2 PROPERTIES FIXTURES_REQUIRED cgx_torch2 LABELS "python;torch2" PROCESSORS 2
                      ENVIRONMENT "${_t2_env}" TIMEOUT 300 PASS_REGULAR_EXPRESSION "test_ddp_device: OK"
                      FAIL_REGULAR_EXPRESSION "FAILED")
+
+# Scripts that know nothing of cgx, `--backend cgx` (run_unchanged.py checks their source,
+# that the cgx run went through cgx on every rank, and the loss against gloo's in the same run).
+set(_t2_tp ${PROJECT_SOURCE_DIR}/python/tests/third_party)
+add_test(NAME unchanged.gpt_train4
+         COMMAND "${CGX_TORCH2_PYTHON}" ${PROJECT_SOURCE_DIR}/python/tests/run_unchanged.py --nproc 4
+                 --metric "val loss" --tol 0.1 -- ${_t2_tp}/gpt_train.py --device=cpu "--backend={backend}"
+                 --max_iters=60 --lr_decay_iters=60 --eval_interval=20)
+add_test(NAME unchanged.ddp_tutorial2
+         COMMAND "${CGX_TORCH2_PYTHON}" ${PROJECT_SOURCE_DIR}/python/tests/run_unchanged.py --nproc 2
+                 --metric "rank 0: final loss" --tol 0.02 --expect "parameters identical on every rank: True"
+                 -- ${_t2_tp}/ddp_tutorial.py --backend "{backend}")
+set_tests_properties(unchanged.gpt_train4 unchanged.ddp_tutorial2 PROPERTIES FIXTURES_REQUIRED cgx_torch2
+                     LABELS "python;torch2;training" ENVIRONMENT "${_t2_env}" TIMEOUT 900
+                     PASS_REGULAR_EXPRESSION "run_unchanged: OK")
+set_tests_properties(unchanged.gpt_train4 PROPERTIES PROCESSORS 4)
+set_tests_properties(unchanged.ddp_tutorial2 PROPERTIES PROCESSORS 2)

@@ -148,40 +148,129 @@ def other_ops_exact():
 
 @test
 def settings_from_environment_and_configure():
-    """A group created after configure(bits=8) reduces at 8 bits (smaller error than 4);
-    CGX_COMPRESSION_QUANTIZATION_BITS=32 means uncompressed (exact on integer values)."""
+    """configure(bits=8) applies from the next call on (smaller error than 4 bits); the
+    environment is read at every call, as torch_cgx reads it:
+    CGX_COMPRESSION_QUANTIZATION_BITS=32 means uncompressed (exact on integer values), and
+    unsetting it brings the 4-bit default back; a new group sees the same."""
     x = torch.randn(8192, generator=torch.Generator().manual_seed(30 + rank))
     want = exact_sum(x)
     t4 = x.clone()
     dist.all_reduce(t4)
     cgx_torch.backend.configure(bits=8)
-    g8 = dist.new_group(backend="cgx")
     t8 = x.clone()
-    dist.all_reduce(t8, group=g8)
+    dist.all_reduce(t8)
+    cgx_torch.backend.reset()
     e4, e8 = (t4.double() - want).abs().max(), (t8.double() - want).abs().max()
     assert e8 < e4 / 4, (e4, e8)
-    os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"] = "32"
-    cgx_torch.backend._overrides.clear()
-    g0 = dist.new_group(backend="cgx")
     z = torch.randint(-100, 100, (8192,), generator=torch.Generator().manual_seed(rank)).float()
     zw = exact_sum(z)
-    dist.all_reduce(z, group=g0)
-    assert torch.equal(z.double(), zw)
-    del os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"]
+    for g in (None, dist.new_group(backend="cgx")):
+        os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"] = "32"
+        z0 = z.clone()
+        dist.all_reduce(z0, group=g)
+        assert torch.equal(z0.double(), zw)
+        del os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"]
+        z4 = z.clone()
+        dist.all_reduce(z4, group=g)
+        assert not torch.equal(z4.double(), zw)  # compressed again: 4 bits are not exact here
+        assert within_bound(z4, gather(z), zw, 4)
+
+
+@test
+def width_defaults_as_the_hook():
+    """One width, one default: at 2 bits the backend takes the hook's measured bucket (128)
+    and rounding (nearest), and the bucket sizes torch_cgx's scripts use (64, 2048) are
+    accepted."""
+    assert cgx_torch.backend.settings().bucket == 1024
+    os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"] = "2"
+    try:
+        s = cgx_torch.backend.settings()
+        assert (s.bits, s.bucket, s.rounding) == (2, 128, "nearest"), s
+        assert (s.bucket, s.rounding) == (cgx_torch.CGXState(bits=2).settings.bucket,
+                                          cgx_torch.CGXState(bits=2).settings.rounding)
+        x = torch.randn(5000, generator=torch.Generator().manual_seed(40 + rank))
+        want = exact_sum(x)
+        for bucket in (64, 2048):
+            os.environ["CGX_COMPRESSION_BUCKET_SIZE"] = str(bucket)
+            t = x.clone()
+            dist.all_reduce(t)
+            assert within_bound(t, gather(x), want, 2, bucket), bucket
+            assert same_everywhere(t)
+    finally:
+        os.environ.pop("CGX_COMPRESSION_QUANTIZATION_BITS", None)
+        os.environ.pop("CGX_COMPRESSION_BUCKET_SIZE", None)
 
 
 @test
 def mismatched_settings_raise_everywhere():
     """Ranks with different bits: the first all_reduce raises on every rank, naming the cause."""
     cgx_torch.backend.configure(bits=8 if rank == 0 else 4)
-    g = dist.new_group(backend="cgx")
-    cgx_torch.backend._overrides.clear()
     try:
-        dist.all_reduce(torch.ones(5000), group=g)
+        dist.all_reduce(torch.ones(5000))
     except Exception as e:  # noqa: BLE001 (torch re-raises the backend's error as its own type)
         assert "different settings" in str(e), str(e)
     else:
         raise AssertionError("no error")
+    finally:
+        cgx_torch.backend.reset()
+    t = torch.ones(5000)  # the group goes on
+    dist.all_reduce(t)
+    assert torch.all(t == p)
+
+
+@test
+def asynchronous_in_issue_order():
+    """Compressed calls return a Work at once and complete in issue order on the worker,
+    interleaved with exact calls (all-gathers, integer sums) that go to gloo directly:
+    every result right, on every rank."""
+    xs = [torch.randn(4096 + 512 * i, generator=torch.Generator().manual_seed(50 + 7 * rank + i)) for i in range(6)]
+    wants = [exact_sum(x) for x in xs]
+    ts = [x.clone() for x in xs]
+    works, exact = [], []
+    for i, t in enumerate(ts):
+        works.append(dist.all_reduce(t, async_op=True))
+        k = torch.full((3,), rank + i, dtype=torch.int64)
+        exact.append((k, dist.all_reduce(k, async_op=True), sum(range(p)) + p * i))
+    for w in works:
+        w.wait()
+    for t, x, want in zip(ts, xs, wants):
+        assert within_bound(t, gather(x), want, 4)
+        assert same_everywhere(t)
+    for k, w, want in exact:
+        w.wait()
+        assert torch.all(k == want), (k, want)
+
+
+@test
+def coalesced_and_dtensor_ops():
+    """The ops DTensor and FSDP2 issue: all_gather_into_tensor (single and coalesced,
+    exact), reduce_scatter_tensor coalesced (compressed, AVG), DTensor's full_tensor()."""
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    a, b = torch.full((6,), float(rank)), torch.full((4,), 10.0 * rank)
+    oa, ob = torch.empty(6 * p), torch.empty(4 * p)
+    with _coalescing_manager(async_ops=True) as cm:
+        dist.all_gather_into_tensor(oa, a)
+        dist.all_gather_into_tensor(ob, b)
+    cm.wait()
+    assert torch.equal(oa, torch.arange(p).float().repeat_interleave(6))
+    assert torch.equal(ob, 10.0 * torch.arange(p).float().repeat_interleave(4))
+    xs = [torch.randn(p * 2048, generator=torch.Generator().manual_seed(60 + rank + 10 * i)) for i in range(2)]
+    outs = [torch.empty(2048) for _ in xs]
+    with _coalescing_manager(async_ops=True) as cm:
+        for o, x in zip(outs, xs):
+            dist.reduce_scatter_tensor(o, x, op=dist.ReduceOp.AVG)
+    cm.wait()
+    for o, x in zip(outs, xs):
+        want = (exact_sum(x) / p)[rank * 2048:(rank + 1) * 2048]
+        assert (o.double() - want).abs().max() < 0.5, (o.double() - want).abs().max()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (p,))
+    full = torch.arange(p * 8 * 3, dtype=torch.float32).reshape(p * 8, 3)
+    d = distribute_tensor(full, mesh, [Shard(0)])
+    assert torch.equal(d.full_tensor(), full)
 
 
 @test
