@@ -38,13 +38,15 @@ torch_cgx's other variables are answered, never ignored: ``CGX_FUSION_BUFFER_SIZ
 ``CGX_INNER_REDUCTION_TYPE``/``CGX_CROSS_REDUCTION_TYPE`` (SRA, Ring) and
 ``CGX_INTRA_BROADCAST``, ``CGX_COMPRESSION_SKIP_INCOMPLETE_BUCKETS`` with a warning (once
 per value) that says what cgx does instead (every value within the same bound); a value
-that none of them takes is an error. Every rank must use the same settings (checked when
-a plan is built: MismatchError raised by every rank's ``wait()``).
+that none of them takes is an error. Every rank must use the same settings (checked at
+every compressed call, in one small allreduce: MismatchError raised by every rank's
+``wait()``, and the group goes on).
 """
 import atexit
 import datetime
 import json
 import os
+import time
 import warnings
 import weakref
 
@@ -222,7 +224,13 @@ def _report_all():
         _report(b)
 
 
-class _Work(dist.Work if hasattr(dist, "Work") else object):
+try:  # torch >= 2.x: Work is subclassable from Python (torch 1.13 has no `cgx` backend)
+    _WorkBase = dist.Work if _C10dBackend is not None else object
+except AttributeError:
+    _WorkBase = object
+
+
+class _Work(_WorkBase):
     """The Work of a call the worker runs: wait() blocks until the worker has run it and
     raises what it raised (torch's Work made from a future returns True even when the
     future holds an error); get_future() is its future (DDP chains on it)."""
@@ -232,6 +240,16 @@ class _Work(dist.Work if hasattr(dist, "Work") else object):
         self._fut = fut
 
     def wait(self, timeout=None):
+        """Waits for the call (at most `timeout`, a timedelta, where one > 0 is given:
+        RuntimeError after it; the call itself is bounded by the group's timeout) and
+        raises its exception."""
+        secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else 0
+        if secs > 0 and not self._fut.done():
+            deadline = time.monotonic() + secs
+            while not self._fut.done():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"cgx_torch: a `cgx` call did not complete within {timeout}")
+                time.sleep(0.0005)
         self._fut.wait()  # raises the call's exception
         return True
 

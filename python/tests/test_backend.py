@@ -274,6 +274,30 @@ def coalesced_and_dtensor_ops():
 
 
 @test
+def device_mesh_sub_groups():
+    """A 2-D DeviceMesh over the `cgx` world (even sizes): each dimension's group is a cgx
+    group of its own (extended API), and its all_reduce is compressed within the bound
+    over that group's ranks only."""
+    if p % 2:
+        return
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, p // 2), mesh_dim_names=("dp", "tp"))
+    for name in ("dp", "tp"):
+        g = mesh.get_group(name)
+        assert dist.get_backend(g) == "cgx", dist.get_backend(g)
+        x = torch.randn(8192, generator=torch.Generator().manual_seed(70 + rank))
+        xs = [torch.empty_like(x) for _ in range(g.size())]
+        dist.all_gather(xs, x, group=g)
+        want = torch.stack([y.double() for y in xs]).sum(0)
+        dist.all_reduce(x, group=g)
+        if g.size() > 1:
+            assert within_bound(x, xs, want, 4), name
+        else:
+            assert torch.equal(x.double(), want)
+
+
+@test
 def ddp_over_the_backend():
     """DDP over the cgx backend: a few SGD steps, identical parameters on every rank, the
     loss goes down."""
