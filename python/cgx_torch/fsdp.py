@@ -122,7 +122,9 @@ class CompressedReduceScatter(_ReduceScatterBase):
         self._plans = {}
         self.calls = 0
         self.compressed_calls = 0
-        self.bytes_sent = 0  # by this rank, over all calls (cgx's payload, compressed or not)
+        # the plans' bytes_sent summed over the compressed calls: the figure of a whole allreduce
+        # with these layers (both phases), about twice what the reduce-scatter itself sends
+        self.allreduce_bytes = 0
 
     def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
@@ -162,7 +164,7 @@ class CompressedReduceScatter(_ReduceScatterBase):
                 shard.div_(p)
             output_tensor.view(-1).copy_(shard)
             self.compressed_calls += 1
-            self.bytes_sent += plan.bytes_sent
+            self.allreduce_bytes += plan.bytes_sent
         else:  # exact: the whole sum (or max, min, product) over the gloo group, this rank's part
             host = input_tensor.detach().to("cpu", copy=True).reshape(-1)
             avg = _is(op, dist.ReduceOp.AVG)
@@ -171,7 +173,6 @@ class CompressedReduceScatter(_ReduceScatterBase):
             if avg:
                 shard.div_(p)
             output_tensor.view(-1).copy_(shard)
-            self.bytes_sent += host.numel() * host.element_size()
         return _done(output_tensor) if async_op else None
 
 
@@ -269,22 +270,53 @@ class QuantizedAllGather(_AllGatherBase):
         return _create_work_from_future(work.get_future().then(finish))
 
 
+class ReplicateAllReduce:
+    """FSDP2 all-reduce hook (``FSDPModule.set_all_reduce_hook``) for HSDP built by hand:
+    ``fully_shard`` over the shard group only (1-D), and this hook averaging each
+    reduce-scatter output over ``group``, the replicate group (the ranks holding the same
+    shard), with cgx's compressed allreduce (``cgx_torch.allreduce_``, ``average=True``).
+    FSDP2's own HSDP all-reduce (a 2-D mesh) cannot be replaced: its hook runs after it.
+    Correct with FSDP2's AVG and with forced sums (its post-division by the shard group's
+    size runs after the hook)."""
+
+    def __init__(self, group, bits=4, *, bucket=None, rounding=None, min_compressed=1024):
+        if not isinstance(group, dist.ProcessGroup):
+            raise TypeError(f"cgx_torch.fsdp: the replicate group must be a ProcessGroup (got {type(group).__name__})")
+        self.group, self.bits = group, bits
+        self.kw = {"bucket": bucket, "rounding": rounding, "min_compressed": min_compressed}
+        if bits:
+            _core.make_settings(bits, bucket or 1024, rounding or "stochastic", min_compressed)  # checks them now
+        self.calls = 0
+
+    def __call__(self, reduce_output):
+        self.calls += 1
+        if self.bits:
+            kw = {k: v for k, v in self.kw.items() if v is not None}
+            _core.allreduce_(reduce_output, self.bits, average=True, comm=self.group, **kw)
+        else:
+            dist.all_reduce(reduce_output, group=self.group)
+            reduce_output.div_(self.group.size())
+
+
 @dataclass
 class Installed:
-    """What compress() installed: the Comm objects (their counters) and the modules."""
+    """What compress() installed: the Comm objects (their counters), the HSDP hook and the modules."""
 
     reduce_scatter: Optional[CompressedReduceScatter]
     all_gather: Optional[QuantizedAllGather]
     modules: List[torch.nn.Module] = field(default_factory=list)
+    replicate: Optional[ReplicateAllReduce] = None
 
 
 def compress(module, bits=4, *, params_bits=None, bucket=None, rounding=None, min_compressed=1024,
-             params_bucket=256):
+             params_bucket=256, replicate_group=None):
     """Installs cgx on every FSDPModule inside ``module`` (``fully_shard`` it first):
     gradients reduce-scattered by cgx at ``bits`` (0: leave FSDP2's own reduce-scatter)
     and, with ``params_bits=8``, parameters all-gathered as 8-bit codes with per-bucket
-    scales (buckets of ``params_bucket`` values). Collective only in what the Comm
-    objects do on first use. Returns an Installed."""
+    scales (buckets of ``params_bucket`` values); with ``replicate_group`` (HSDP by hand:
+    the model sharded over a 1-D shard group), each reduce-scatter output averaged over that
+    group by cgx's compressed allreduce at ``bits`` (a ReplicateAllReduce hook). Collective
+    only in what these do on first use. Returns an Installed."""
     _require()
     if params_bits not in (None, 0, 8):
         raise ValueError(f"cgx_torch.fsdp.compress: params_bits must be None (exact all-gather) or 8 (got "
@@ -296,12 +328,18 @@ def compress(module, bits=4, *, params_bits=None, bucket=None, rounding=None, mi
     rs = CompressedReduceScatter(bits, bucket=bucket, rounding=rounding, min_compressed=min_compressed) if bits \
         else None
     ag = QuantizedAllGather(params_bits, bucket=params_bucket) if params_bits else None
+    rep = None
+    if replicate_group is not None:
+        rep = ReplicateAllReduce(replicate_group, bits, bucket=bucket, rounding=rounding,
+                                 min_compressed=min_compressed)
     for m in mods:
         if rs is not None:
             m.set_custom_reduce_scatter(rs)
         if ag is not None:
             m.set_custom_all_gather(ag)
-    return Installed(rs, ag, mods)
+        if rep is not None:
+            m.set_all_reduce_hook(rep)
+    return Installed(rs, ag, mods, rep)
 
 
 def free():
@@ -309,5 +347,5 @@ def free():
     _gloo_groups.clear()
 
 
-__all__ = ["CompressedReduceScatter", "Installed", "QuantizedAllGather", "TORCH_NEEDED", "available", "compress",
-           "free"]
+__all__ = ["CompressedReduceScatter", "Installed", "QuantizedAllGather", "ReplicateAllReduce", "TORCH_NEEDED",
+           "available", "compress", "free"]
