@@ -50,6 +50,44 @@ def make_data(d, n_train, n_test, seed=20261204):
     return draw(n_train), draw(n_test)
 
 
+def add_common_args(ap, steps):
+    """The model, batch and schedule arguments (ddp_compare.py and torch_compare.py)."""
+    ap.add_argument("--dims", default="64,4096,2048,1024,10", help="MLP widths (default: 10.8 M parameters)")
+    ap.add_argument("--batch", type=int, default=32, help="samples per rank and step")
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=0.02)
+
+
+def train_timed(m, x, y, args, group=None):
+    """SGD (momentum 0.9) on rank's batches of x, y for args.steps steps; the seconds of each
+    step after args.warmup (the slowest rank's, after a barrier on group)."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    opt = torch.optim.SGD(m.parameters(), lr=args.lr, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    times = []
+    for st in range(args.steps):
+        lo = (st * p + rank) * args.batch
+        xb, yb = x[lo:lo + args.batch], y[lo:lo + args.batch]
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss_fn(m(xb), yb).backward()
+        opt.step()
+        t = torch.tensor([time.perf_counter() - t0])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        if st >= args.warmup:
+            times.append(t.item())
+    return times
+
+
+def evaluate(module, xt, yt):
+    """(held-out accuracy in %, held-out loss) of module."""
+    with torch.no_grad():
+        out = module(xt)
+        return 100.0 * (out.argmax(1) == yt).double().mean().item(), nn.CrossEntropyLoss()(out, yt).item()
+
+
 def hooked(cfg, model, bucket_mb):
     """model wrapped in DDP with cfg's reduction; returns (ddp model, state to free or None)."""
     m = DDP(model, bucket_cap_mb=bucket_mb)
@@ -73,11 +111,7 @@ def hooked(cfg, model, bucket_mb):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dims", default="64,4096,2048,1024,10", help="MLP widths (default: 10.8 M parameters)")
-    ap.add_argument("--batch", type=int, default=32, help="samples per rank and step")
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--lr", type=float, default=0.02)
+    add_common_args(ap, steps=60)
     ap.add_argument("--bucket-mb", type=float, default=64,
                     help="DDP's bucket_cap_mb, every configuration (default 64: the whole model in one bucket; "
                          "powerSGD_hook over gloo with several buckets can issue its collectives in a different "
@@ -95,34 +129,17 @@ def main():
     dims = [int(d) for d in args.dims.split(",")]
     n_params = sum(q.numel() for q in make_model(dims).parameters())
     (x, y), (xt, yt) = make_data(dims[0], args.steps * args.batch * p, 4096)
-    loss_fn = nn.CrossEntropyLoss()
     results = {}
     for cfg in args.configs.split(","):
         m, state = hooked(cfg, make_model(dims), args.bucket_mb)
-        opt = torch.optim.SGD(m.parameters(), lr=args.lr, momentum=0.9)
-        times = []
-        for st in range(args.steps):
-            lo = (st * p + rank) * args.batch
-            xb, yb = x[lo:lo + args.batch], y[lo:lo + args.batch]
-            dist.barrier()
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            loss_fn(m(xb), yb).backward()
-            opt.step()
-            t = torch.tensor([time.perf_counter() - t0])
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            if st >= args.warmup:
-                times.append(t.item())
-        with torch.no_grad():
-            out = m.module(xt)
-            acc = 100.0 * (out.argmax(1) == yt).double().mean().item()
-            tloss = loss_fn(out, yt).item()
+        times = train_timed(m, x, y, args)
+        acc, tloss = evaluate(m.module, xt, yt)
         bits = state.average_bits() if state is not None else None
         results[cfg] = {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
                         "accuracy": acc, "test_loss": tloss, "bits": bits}
         if state is not None:
             state.free()
-        del m, opt
+        del m
     if rank == 0:
         link = os.environ.get("CGX_LINK", "unknown (not under bench/netns-run)")
         print(f"ddp_compare: {p} ranks (torchrun, gloo group), link {link}, MLP {'-'.join(map(str, dims))} "
