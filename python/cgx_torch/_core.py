@@ -390,6 +390,12 @@ def agree(group, key, problem):
     problem (an exception or None). Raises, on every rank, this rank's problem, or
     ValueError when another rank had one, or MismatchError when the keys differ."""
     same, bad = group.check(stable_hash(key), problem is not None)
+    judge(key, same, bad, problem)
+
+
+def judge(key, same, bad, problem=None):
+    """The verdict of an agreement on key (see agree): raises this rank's problem, or
+    ValueError when another rank had one, or MismatchError when the keys differ."""
     if problem is not None:
         raise problem
     if bad:

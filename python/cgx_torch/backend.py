@@ -219,9 +219,11 @@ def _report(b):
 
 
 @atexit.register
-def _report_all():
+def _shutdown_all():
+    """At exit: shuts down the groups the script did not destroy (their worker threads and
+    channels stop while Python still runs; each reports, with CGX_TORCH_REPORT)."""
     for b in list(_backends):
-        _report(b)
+        b.shutdown()
 
 
 try:  # torch >= 2.x: Work is subclassable from Python (torch 1.13 has no `cgx` backend)
@@ -318,6 +320,11 @@ if _C10dBackend is not None:
             self._cgx_store = dist.PrefixStore("cgx", store)
             self._cgx_gloo = dist.ProcessGroupGloo(self._cgx_store, rank, size, timeout)
             self._group = _BackendGroup(self._cgx_gloo, self._cgx_store, timeout)
+            # the agreements of the compressed calls: issued at each call on the caller's
+            # thread (so in issue order), settled on the worker before the call runs, so
+            # the round trip overlaps the calls queued before it
+            self._agree_gloo = dist.ProcessGroupGloo(dist.PrefixStore("cgx-agree", store), rank, size, timeout)
+            self._hashes = {}
             self._plans = {}
             self._worker = _core.Worker(f"cgx_torch-backend-r{rank}")
             self.calls = 0  # compressed calls issued
@@ -348,18 +355,42 @@ if _C10dBackend is not None:
                     and t.device.type in ("cpu", "cuda") and t.is_contiguous()
                     and (op == dist.ReduceOp.SUM or op == dist.ReduceOp.AVG))  # (SUM == op is False)
 
+        @staticmethod
+        def _key(t, scatter, s):
+            """What every rank must agree on for a compressed call on t with settings s."""
+            return (tuple(t.shape), str(t.dtype), t.device.type, "reduce_scatter" if scatter else "allreduce", s)
+
+        def _propose(self, keys):
+            """Issues the agreement of one compressed call (caller's thread, issue order):
+            a MAX allreduce of (hash, -hash) of its keys on the agreement gloo. Every call
+            agrees, since the settings are read at each call and a rank whose environment
+            differs must not reach a cached plan while its peers build theirs. Returns the
+            ticket the worker settles."""
+            h = self._hashes.get(keys)
+            if h is None:
+                if len(self._hashes) > 1024:
+                    self._hashes.clear()
+                h = self._hashes[keys] = _core.stable_hash(keys)
+            v = torch.tensor([h, -h], dtype=torch.int64)
+            o = dist.AllreduceOptions()
+            o.reduceOp = dist.ReduceOp.MAX
+            return keys, v, self._agree_gloo.allreduce([v], o)
+
+        @staticmethod
+        def _settle(ticket):
+            """Waits for a call's agreement (worker): MismatchError when the ranks' keys differ."""
+            keys, v, work = ticket
+            work.wait()
+            _core.judge(keys, int(v[0]) == -int(v[1]), False)
+
         def _entry(self, t, scatter, s):
             """(plan, staging buffer or None) for t with settings s, built once per shape,
-            dtype, device, operation and settings: one layer (allreduce) or one layer per
-            rank's shard (reduce-scatter). A float16, bfloat16 or CUDA tensor, and every
-            reduce-scatter's input, goes through a float32 (or float64) host buffer kept
-            with the plan. Runs on the worker. Collective at every call: the ranks check
-            that all have the same key (one small allreduce), since the settings are read
-            at each call and a rank whose environment differs must not reach a cached plan
-            while its peers build theirs."""
-            key = (tuple(t.shape), str(t.dtype), t.device.type, "reduce_scatter" if scatter else "allreduce", s)
+            dtype, device, operation and settings (agreed: _propose, _settle): one layer
+            (allreduce) or one layer per rank's shard (reduce-scatter). A float16,
+            bfloat16 or CUDA tensor, and every reduce-scatter's input, goes through a
+            float32 (or float64) host buffer kept with the plan. Runs on the worker."""
+            key = self._key(t, scatter, s)
             entry = self._plans.get(key)
-            _core.agree(self._group, key, None)
             if entry is None:
                 # (a reduce-scatter leaves all but its shard unspecified: always on a copy)
                 staged = scatter or t.dtype in _core.STAGED_DTYPES or t.device.type != "cpu"
@@ -403,7 +434,13 @@ if _C10dBackend is not None:
                 s = settings()  # read now, at the call, on the caller's thread
                 if s.bits != 0:
                     t, avg = tensors[0], _avg_of(op)
-                    return self._submit(lambda: [self._reduce(t, avg, s)], t.device.type)
+                    ticket = self._propose(self._key(t, False, s))
+
+                    def run():
+                        self._settle(ticket)
+                        return [self._reduce(t, avg, s)]
+
+                    return self._submit(run, t.device.type)
             return self._exact_allreduce(tensors, op, opts)
 
         def _exact_allreduce(self, tensors, op, opts):
@@ -445,8 +482,10 @@ if _C10dBackend is not None:
             s = settings()
             if s.bits != 0 and len(outputs) == len(inputs) and all(self._compressible(i, op) for i in inputs):
                 avg, rank = _avg_of(op), self._rank
+                ticket = self._propose(tuple(self._key(i, True, s) for i in inputs))
 
                 def run():
+                    self._settle(ticket)
                     for o, i in zip(outputs, inputs):
                         plan, buf = self._entry(i, True, s)
                         work = buf.view(i.shape).copy_(i).view(-1)
