@@ -26,7 +26,6 @@ Over the ``cgx`` backend (``init_process_group("cgx")``) FSDP2's default reduce-
 already compressed by the backend, with the backend's settings; these plug-ins give the
 same over any backend, with their own settings.
 """
-import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -223,7 +222,7 @@ class QuantizedAllGather(_AllGatherBase):
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
         codes = ((v - lo[:, None]) / scale[:, None]).round_().clamp_(0, 255)
         lo = torch.where(bad, torch.full_like(lo, float("nan")), lo)
-        out = torch.empty(self.payload_bytes(n), dtype=torch.uint8)
+        out = torch.empty(self.payload_bytes(n), dtype=torch.uint8, device=x.device)
         out[:nb * b].copy_(codes.view(-1).to(torch.uint8))
         out[nb * b:nb * b + 4 * nb].view(torch.float32).copy_(lo)
         out[nb * b + 4 * nb:].view(torch.float32).copy_(scale)
@@ -252,19 +251,18 @@ class QuantizedAllGather(_AllGatherBase):
             return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
         p = group.size()
         payload = self.quantize(input_tensor)
-        gathered = torch.empty(p * payload.numel(), dtype=torch.uint8)
+        gathered = torch.empty(p * payload.numel(), dtype=torch.uint8, device=payload.device)
         self.quantized_calls += 1
         self.bytes_sent += payload.numel()
-        dev = output_tensor.device
         if not async_op:
             dist.all_gather_into_tensor(gathered, payload, group=group)
-            self.dequantize(gathered.to(dev), n, output_tensor)
+            self.dequantize(gathered, n, output_tensor)
             return None
         work = dist.all_gather_into_tensor(gathered, payload, group=group, async_op=True)
 
         def finish(fut):
             fut.wait()
-            self.dequantize(gathered.to(dev), n, output_tensor)
+            self.dequantize(gathered, n, output_tensor)
             return [output_tensor]
 
         return _create_work_from_future(work.get_future().then(finish))

@@ -13,7 +13,8 @@ data and initial parameters in every run:
   others' within the bucket's max-min bound, and not exact (compressed); the reductions
   FSDP2 asks for: AVG by default, SUM under set_force_sum_reduction_for_comms(True);
 - parameters all-gathered exactly by default (the unsharded parameters equal the
-  full_tensor() of the sharded ones, bit for bit, on every rank);
+  full_tensor() of the sharded ones, and full_tensor() the local shards gathered over a
+  gloo group, bit for bit, on every rank);
 - full_tensor() of every parameter identical on every rank;
 - a torch.distributed.checkpoint save to a temporary folder and a load into a model whose
   parameters were changed gives the saved parameters back, bit for bit;
@@ -172,6 +173,13 @@ def unsharded_params(m):
     return out
 
 
+def gloo_full_params(m):
+    """{name: the full parameter} from the local shards, gathered over the gloo group (Shard(0)
+    on the 1-D mesh: the ranks' shards one after the other): the reference for full_tensor()."""
+    return {n: torch.cat([torch.as_tensor(a) for a in gather(q.to_local().detach().numpy().copy())])
+            for n, q in m.named_parameters()}
+
+
 def full_params(m):
     return {n: q.full_tensor().detach() for n, q in m.named_parameters()}
 
@@ -265,8 +273,10 @@ def backend_reduce_scatter_within_bound_full_tensor_checkpoint():
     assert c.calls > 0 and c.ops == {"AVG"}, (c.calls, c.ops)
     assert c.compressed == c.calls, f"{c.calls - c.compressed} of {c.calls} reduce-scatters exact: not compressed"
     full = full_params(m)
+    ref = gloo_full_params(m)
     for n, t in full.items():
         assert same_everywhere(t), f"full_tensor() of {n} differs between ranks"
+        assert torch.equal(t, ref[n]), f"full_tensor() of {n} is not the exact gather of the shards"
     # exact all-gather: the unsharded parameters are the sharded ones gathered, bit for bit
     for n, t in unsharded_params(m).items():
         assert torch.equal(t, full[n]), f"unsharded {n} differs from its full_tensor()"
@@ -428,7 +438,9 @@ def hsdp_by_hand():
 
 @test
 def bad_input():
-    """Clear errors: params_bits other than 8, no FSDPModule, an unsupported reduction."""
+    """Clear errors: params_bits other than 8, no FSDPModule, bits out of range, a torch
+    without FSDP2's plug-in points (RuntimeError naming the version needed), PREMUL_SUM
+    (ValueError naming forced sums); MAX exact."""
     m = build()
     for call, what in ((lambda: cgx_fsdp.compress(m, params_bits=4), "params_bits"),
                        (lambda: cgx_fsdp.compress(nn.Linear(2, 2)), "no FSDPModule"),
@@ -439,6 +451,16 @@ def bad_input():
             assert str(e), what
         else:
             raise AssertionError(f"{what}: no ValueError")
+    saved = cgx_fsdp.FSDPModule  # a torch without FSDP2 (as torch < 2.6 imports it)
+    cgx_fsdp.FSDPModule = None
+    try:
+        cgx_fsdp.compress(m)
+    except RuntimeError as e:
+        assert f">= {cgx_fsdp.TORCH_NEEDED}" in str(e) and torch.__version__ in str(e), e
+    else:
+        raise AssertionError("no FSDP2: no RuntimeError")
+    finally:
+        cgx_fsdp.FSDPModule = saved
     rs = cgx_fsdp.CompressedReduceScatter(bits=4)
     try:
         rs(torch.empty(4), torch.ones(4 * p), dist.group.WORLD, dist.ReduceOp.PREMUL_SUM(0.5))
