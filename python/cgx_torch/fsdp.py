@@ -186,7 +186,13 @@ class QuantizedAllGather(_AllGatherBase):
     """FSDP2 all-gather Comm: parameters sent as 8-bit codes with a float32 minimum and
     scale per bucket of ``bucket`` values (see the module comment). Output dtypes
     float32, bfloat16, float16 and float64 are quantized; any other (e.g. the uint8 of a
-    module whose parameters have several dtypes) is gathered exactly."""
+    module whose parameters have several dtypes) is gathered exactly.
+
+    Buckets restart at every parameter's shard where the layout of the flat shard is known
+    (``add_layout``, which compress() calls for each FSDPModule): a bucket then never mixes
+    two parameters' ranges (a LayerNorm weight near 1 beside a matrix near 0). A flat shard
+    of a size with no layout, or with two different layouts, is cut into buckets from its
+    start."""
 
     def __init__(self, bits=8, *, bucket=256):
         _require()
@@ -199,22 +205,61 @@ class QuantizedAllGather(_AllGatherBase):
         self.quantized_calls = 0
         self.bytes_sent = 0  # this rank's payload, over all calls
         self.bytes_exact = 0  # what the same calls would have sent exactly
+        self._layouts = {}  # flat shard size -> tuple of segment sizes, or None (no single layout)
+        self._index = {}  # flat shard size -> (gather index into the padded order, positions of the values)
 
     def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
 
+    def add_layout(self, segments):
+        """Declares that a flat shard of sum(segments) values is made of these segments (one
+        per parameter, in order); buckets then restart at each. The same on every rank."""
+        segments = tuple(int(x) for x in segments)
+        if not segments or min(segments) < 0:
+            raise ValueError(f"cgx_torch.fsdp: bad layout {segments!r}")
+        n = sum(segments)
+        if n in self._layouts and self._layouts[n] != segments:
+            self._layouts[n] = None  # two layouts of one size: buckets from the start
+        else:
+            self._layouts.setdefault(n, segments)
+        self._index.pop(n, None)
+
+    def _padded(self, n):
+        """(padded size, gather index or None, value positions or None) for a flat shard of n."""
+        got = self._index.get(n)
+        if got is None:
+            b, segs = self.bucket, self._layouts.get(n)
+            if not segs:
+                got = (-(-n // b) * b, None, None)
+            else:
+                idx, keep, start, at = [], [], 0, 0
+                for s in segs:
+                    if s:
+                        padded = -(-s // b) * b
+                        idx.append(torch.arange(start, start + s))
+                        idx.append(torch.full((padded - s,), start + s - 1))  # the last value again
+                        keep.append(torch.arange(at, at + s))
+                        at += padded
+                    start += s
+                got = (at, torch.cat(idx), torch.cat(keep))
+            self._index[n] = got
+        return got
+
     def payload_bytes(self, n):
         """Bytes one rank sends for a shard of n values."""
-        nb = -(-n // self.bucket)
-        return nb * self.bucket + 8 * nb
+        npad = self._padded(n)[0]
+        return npad + 8 * (npad // self.bucket)
 
     def quantize(self, x):
         """The payload (uint8) for the flat tensor x: codes, then float32 minima, then scales."""
         n, b = x.numel(), self.bucket
-        nb = -(-n // b)
+        npad, idx, _ = self._padded(n)
+        nb = npad // b
         v = x.detach().reshape(-1).float()
-        if nb * b != n:  # pad with the last value: the last bucket's range stays its own
-            v = torch.cat([v, v[-1:].expand(nb * b - n)])
+        if idx is not None:
+            v = v[idx.to(v.device)]
+        elif npad != n:  # pad with the last value: the last bucket's range stays its own
+            v = torch.cat([v, v[-1:].expand(npad - n)])
         v = v.view(nb, b)
         lo, hi = v.min(1).values, v.max(1).values
         bad = ~torch.isfinite(v).all(1)
@@ -222,22 +267,24 @@ class QuantizedAllGather(_AllGatherBase):
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
         codes = ((v - lo[:, None]) / scale[:, None]).round_().clamp_(0, 255)
         lo = torch.where(bad, torch.full_like(lo, float("nan")), lo)
-        out = torch.empty(self.payload_bytes(n), dtype=torch.uint8, device=x.device)
-        out[:nb * b].copy_(codes.view(-1).to(torch.uint8))
-        out[nb * b:nb * b + 4 * nb].view(torch.float32).copy_(lo)
-        out[nb * b + 4 * nb:].view(torch.float32).copy_(scale)
+        out = torch.empty(npad + 8 * nb, dtype=torch.uint8, device=x.device)
+        out[:npad].copy_(codes.view(-1).to(torch.uint8))
+        out[npad:npad + 4 * nb].view(torch.float32).copy_(lo)
+        out[npad + 4 * nb:].view(torch.float32).copy_(scale)
         return out
 
     def dequantize(self, payload, n, out):
         """Writes the values of the gathered payloads (p rows) into out (p * n values)."""
         b = self.bucket
-        nb = -(-n // b)
-        p = payload.numel() // self.payload_bytes(n)
+        npad, _, keep = self._padded(n)
+        nb = npad // b
+        p = payload.numel() // (npad + 8 * nb)
         rows = payload.view(p, -1)
-        codes = rows[:, :nb * b].reshape(p, nb, b).float()
-        lo = rows[:, nb * b:nb * b + 4 * nb].contiguous().view(torch.float32).view(p, nb, 1)
-        scale = rows[:, nb * b + 4 * nb:].contiguous().view(torch.float32).view(p, nb, 1)
-        vals = (codes * scale + lo).view(p, nb * b)[:, :n]
+        codes = rows[:, :npad].reshape(p, nb, b).float()
+        lo = rows[:, npad:npad + 4 * nb].contiguous().view(torch.float32).view(p, nb, 1)
+        scale = rows[:, npad + 4 * nb:].contiguous().view(torch.float32).view(p, nb, 1)
+        vals = (codes * scale + lo).view(p, npad)
+        vals = vals[:, keep.to(vals.device)] if keep is not None else vals[:, :n]
         out.view(p, n).copy_(vals)
         return out
 
@@ -306,6 +353,19 @@ class Installed:
     replicate: Optional[ReplicateAllReduce] = None
 
 
+def _shard_layout(module):
+    """The sizes of the parameters' padded shards in FSDPModule `module`'s flat all-gather
+    input, in FSDP2's order (FSDP2's internals: None where this torch lays them out otherwise
+    or the module has several parameter groups)."""
+    try:
+        groups = module._get_fsdp_state()._fsdp_param_groups
+        if len(groups) != 1:
+            return None
+        return [fp.padded_sharded_param_size.numel() for fp in groups[0].fsdp_params]
+    except (AttributeError, TypeError):
+        return None
+
+
 def compress(module, bits=4, *, params_bits=None, bucket=None, rounding=None, min_compressed=1024,
              params_bucket=256, replicate_group=None):
     """Installs cgx on every FSDPModule inside ``module`` (``fully_shard`` it first):
@@ -326,6 +386,11 @@ def compress(module, bits=4, *, params_bits=None, bucket=None, rounding=None, mi
     rs = CompressedReduceScatter(bits, bucket=bucket, rounding=rounding, min_compressed=min_compressed) if bits \
         else None
     ag = QuantizedAllGather(params_bits, bucket=params_bucket) if params_bits else None
+    if ag is not None:
+        for m in mods:
+            segs = _shard_layout(m)
+            if segs is not None:
+                ag.add_layout(segs)
     rep = None
     if replicate_group is not None:
         rep = ReplicateAllReduce(replicate_group, bits, bucket=bucket, rounding=rounding,
