@@ -10,7 +10,7 @@ PyTorch backend, so that its users' scripts run unchanged on cgx.
   per-layer settings, keyed by (DDP bucket index, layer index in the bucket), which
   ``cgx_utils.cgx_hook`` applies (torch_cgx's backend applied them; here the hook reduces
   the buckets itself, so they take effect through it).
-- Under an MPI launcher (Open MPI's mpirun, MPICH's hydra, PMI) the import fills in
+- Under an MPI launcher (Open MPI's mpirun, MPICH's hydra or another PMI one) the import fills in
   ``RANK`` and ``WORLD_SIZE`` (and ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) from the
   launcher's variables where the script has not set them, so that
   ``init_process_group("cgx", init_method="env://")`` finds them; ``MASTER_ADDR`` and
@@ -29,7 +29,6 @@ from cgx_torch import _core
 _LAUNCHERS = (
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
     ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-    ("PMIX_RANK", "PMIX_SIZE", None, None),
 )
 
 
