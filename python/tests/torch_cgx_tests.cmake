@@ -7,10 +7,11 @@
 # cgx_torch2 fixture). python/tests/torch_cgx_style/:
 #
 #   torch_cgx.test_cgx.<mpi><np>  test_cgx.py: a unittest as torch_cgx's own: constants exact
-#                                 at 2/4/8 bits (float16, float32, int32, up to 1<<18 values),
+#                                 at 2/4/8 bits (float16, float32, int32, up to 10^6 values),
 #                                 ramps within torch_cgx's bound at 2-8 bits x buckets 64, 512,
 #                                 2048 with the variables changed between calls, 32 bits exact,
-#                                 minimal size, bad values, register_layer & co. with the hook
+#                                 minimal size, bad values, CGXState's settings,
+#                                 register_layer & co. with the hook
 #   torch_cgx.train.<mpi><np>     train.py: a CIFAR-example-style DDP script (synthetic images, a
 #                                 small CNN, CGXState(compression_params=...), cgx_hook), over the
 #                                 `cgx` backend, and over gloo: loss drops, identical parameters,

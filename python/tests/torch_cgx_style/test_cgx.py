@@ -2,10 +2,11 @@
 with env://, launched with mpirun (Open MPI's or MPICH's rank variables), CPU tensors, the
 CGX_COMPRESSION_* variables changed between calls. Run: mpirun -np 2 python test_cgx.py
 
-CGX_TEST_MAX_SIZE (default 1 << 18) is the largest tensor, CGX_TEST_REPS (default 2) the
+CGX_TEST_MAX_SIZE (default 1000000, as torch_cgx's) is the largest tensor, CGX_TEST_REPS (default 2) the
 number of calls per case; the tests' groups use the ports above MASTER_PORT (default 4040),
 one each."""
 import os
+import pickle
 import unittest
 import warnings
 
@@ -15,7 +16,7 @@ import torch.distributed as dist
 import torch_cgx
 from cgx_utils import CGXState, cgx_hook
 
-MAX_SIZE = int(os.environ.get("CGX_TEST_MAX_SIZE", str(1 << 18)))
+MAX_SIZE = int(os.environ.get("CGX_TEST_MAX_SIZE", "1000000"))
 REPS = int(os.environ.get("CGX_TEST_REPS", "2"))
 BASE_PORT = int(os.environ.get("MASTER_PORT", "4040"))  # the test runner passes one per test: ports above it
 CGX_VARIABLES = ("CGX_COMPRESSION_QUANTIZATION_BITS", "CGX_COMPRESSION_BUCKET_SIZE", "CGX_COMPRESSION_MINIMAL_SIZE",
@@ -192,6 +193,35 @@ class CGXTests(unittest.TestCase):
         self.assertEqual(torch_cgx.layer_setting(3, 1, 4096), (32, 2048))
         self.assertEqual(torch_cgx.layer_setting(3, 1, 100)[0], "mismatch")
         torch_cgx.clear_layers()
+
+    def test_state_settings(self):
+        """CGXState: compression_params over the variables, torch_cgx's defaults, clear errors."""
+        os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"] = "3"
+        os.environ["CGX_COMPRESSION_BUCKET_SIZE"] = "2048"
+        os.environ["CGX_COMPRESSION_MINIMAL_SIZE"] = "4096"
+        s = CGXState(None, layer_min_size=1024)
+        self.assertEqual((s.quantization_bits, s.quantization_bucket_size, s.layer_min_size), (3, 2048, 4096))
+        s = CGXState(None, layer_min_size=8192, compression_params={"bits": 2, "bucket_size": 64})
+        self.assertEqual((s.quantization_bits, s.quantization_bucket_size, s.layer_min_size), (2, 64, 8192))
+        for v in CGX_VARIABLES:
+            os.environ.pop(v, None)
+        s = CGXState(None)
+        self.assertEqual((s.quantization_bits, s.settings.bits, s.layer_min_size), (32, 0, 1024))
+        self.assertEqual(CGXState(None, layer_min_size=0).layer_min_size, 16)  # never below the variable's 16
+        self.assertEqual(CGXState(None, compression_params={"bits": 2}).quantization_bucket_size, 128)
+        with self.assertRaisesRegex(ValueError, "1..8, or 32"):
+            CGXState(None, compression_params={"bits": 9})
+        with self.assertRaisesRegex(ValueError, "bucket_size"):
+            CGXState(None, compression_params={"bucket": 512})
+        with self.assertRaisesRegex(ValueError, "64, 128, 512, 1024, 2048"):
+            CGXState(None, compression_params={"bits": 4, "bucket_size": 100})
+        os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"] = "four"
+        with self.assertRaisesRegex(ValueError, "CGX_COMPRESSION_QUANTIZATION_BITS"):
+            CGXState(None)
+        os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"] = "4"
+        s = pickle.loads(pickle.dumps(CGXState(None, 2048, {"bits": 6, "bucket_size": 512})))
+        os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"] = "2"
+        self.assertEqual((s.settings.bits, s.settings.bucket, s.layer_min_size), (6, 512, 2048))
 
     def test_hook_layer_settings(self):
         """cgx_hook applies torch_cgx's per-layer settings; ranks that set different ones
