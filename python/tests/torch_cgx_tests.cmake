@@ -17,6 +17,7 @@
 #                                 `cgx` backend, and over gloo: loss drops, identical parameters,
 #                                 validation loss within 0.02 of the uncompressed run's
 #   torch_cgx.launcher_env.<mpi>2 launcher_env.py: RANK/WORLD_SIZE filled in by `import torch_cgx`
+#   torch_cgx.train.torchrun2     train.py under torchrun
 #
 # Each test gets ports of its own (MASTER_PORT and, for test_cgx.py, the 8 above it), below
 # the ephemeral range, so that ctest -j runs them side by side.
@@ -71,3 +72,10 @@ _tc_add("ompi;mpich" train 4 train.py --dist-backend cgx --quantization-bits 2 -
 _tc_add(ompi train_gloo 2 train.py --dist-backend gloo --quantization-bits 8 --quantization-bucket-size 2048
         --tolerance 0.02)
 _tc_add("ompi;mpich" launcher_env 2 launcher_env.py)
+
+# The same training script under torchrun (its RANK/WORLD_SIZE/MASTER_PORT; --standalone picks a free port).
+add_test(NAME torch_cgx.train.torchrun2
+         COMMAND "${CGX_TORCH2_PYTHON}" -m torch.distributed.run --standalone --nproc-per-node 2 ${_tc_dir}/train.py
+                 --dist-backend cgx --quantization-bits 4 --quantization-bucket-size 2048 --tolerance 0.02)
+set_tests_properties(torch_cgx.train.torchrun2 PROPERTIES FIXTURES_REQUIRED cgx_torch2 LABELS "python;torch2"
+                     PROCESSORS 2 ENVIRONMENT "${_tc_env}" TIMEOUT 900 FAIL_REGULAR_EXPRESSION "FAILED|Traceback")
