@@ -48,10 +48,7 @@ try:  # torch >= 2.9: FSDP2's Comm interfaces
 except ImportError:
     _AllGatherBase = _ReduceScatterBase = object
 
-try:
-    from torch._C._distributed_c10d import _create_work_from_future
-except ImportError:
-    _create_work_from_future = None
+from .backend import _Work  # a Work whose wait() raises its future's error (torch's own does not)
 
 #: The first torch whose FSDP2 has set_custom_reduce_scatter / set_custom_all_gather.
 TORCH_NEEDED = "2.9"
@@ -179,7 +176,7 @@ def _done(t):
     """A completed Work (what an async_op=True call of a finished collective returns)."""
     fut = torch.futures.Future()
     fut.set_result([t])
-    return _create_work_from_future(fut)
+    return _Work(fut)
 
 
 class QuantizedAllGather(_AllGatherBase):
@@ -312,7 +309,7 @@ class QuantizedAllGather(_AllGatherBase):
             self.dequantize(gathered, n, output_tensor)
             return [output_tensor]
 
-        return _create_work_from_future(work.get_future().then(finish))
+        return _Work(work.get_future().then(finish))
 
 
 class ReplicateAllReduce:
