@@ -511,4 +511,24 @@ def free_plans():
     _groups.clear()
 
 
+def _end_cleanly():
+    """At exit, after cgx_torch's other exit handlers (the hook threads stopped, the
+    `cgx` groups shut down, the plans freed): collects the reference cycles DDP models sit
+    in and destroys the default process group if the script did not, while the
+    interpreter is whole. Left to the interpreter's shutdown, a group held by such a cycle
+    is destroyed with its threads still running and aborts the process ("terminate called
+    without an active exception"): many scripts never call destroy_process_group."""
+    import gc
+    import warnings
+
+    try:
+        gc.collect()
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        gc.collect()
+    except Exception as e:  # noqa: BLE001 (at exit: say it, never raise)
+        warnings.warn(f"cgx_torch: at exit: {type(e).__name__}: {e}", RuntimeWarning)
+
+
+atexit.register(_end_cleanly)  # registered first: runs last
 atexit.register(free_plans)

@@ -15,23 +15,18 @@ PyTorch backend, so that its users' scripts run unchanged on cgx.
   launcher's variables where the script has not set them, so that
   ``init_process_group("cgx", init_method="env://")`` finds them; ``MASTER_ADDR`` and
   ``MASTER_PORT`` stay the script's (or the job's) to set.
-- At exit it frees cgx's plans, collects DDP's reference cycles and destroys the default
-  group if the script did not, so that the process exits with status 0 (see _end_cleanly).
+- At exit cgx_torch frees cgx's plans, collects DDP's reference cycles and destroys the
+  default group if the script did not, so that the process exits with status 0
+  (cgx_torch._core._end_cleanly: every script that uses cgx_torch gets it).
 
 See docs/torch_cgx.md.
 """
-import atexit
-import gc
 import os
 import threading
-import warnings
 
-import torch.distributed as dist
-
-import cgx_torch
+import cgx_torch  # noqa: F401,E501 (registers the `cgx` backend; its exit handlers end the job cleanly)
 from cgx_torch import _core
 from cgx_torch import backend as _backend
-from cgx_torch import ddp as _ddp
 
 #: (rank, size, local rank, local size) variables of the MPI launchers, first match wins.
 _LAUNCHERS = (
@@ -58,26 +53,8 @@ def fill_rank_from_launcher(environ=None):
     return []
 
 
-def _end_cleanly():
-    """At exit, while the interpreter is whole: stops the hook threads, frees cgx's plans, then
-    collects the reference cycles DDP models sit in and destroys the default group if the
-    script did not. Left to the interpreter's shutdown, a gloo group held by such a cycle is
-    destroyed with its threads still running and aborts the process ("terminate called
-    without an active exception"; torch_cgx's examples never destroy their group)."""
-    try:
-        _ddp._free_all()
-        cgx_torch.free_plans()
-        gc.collect()
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-        gc.collect()
-    except Exception as e:  # noqa: BLE001 (at exit: say it, never raise)
-        warnings.warn(f"torch_cgx: at exit: {type(e).__name__}: {e}", RuntimeWarning)
-
-
 fill_rank_from_launcher()
 _backend.use_defaults("torch_cgx")
-atexit.register(_end_cleanly)
 
 #: Bucket sizes the host plans are compiled for (what set_quantization_bucket_size takes).
 BUCKET_SIZES = tuple(_core._BUCKETS)
