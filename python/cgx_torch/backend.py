@@ -143,8 +143,8 @@ def _env_settings():
             n = int(v, 0)
         except ValueError:
             raise ValueError(f"cgx_torch: {var}={v!r} is not an integer") from None
-        if key == "bits" and n >= 32:
-            n = 0  # torch_cgx's "no compression"
+        if key == "bits" and n == 32:
+            n = 0  # torch_cgx's "no compression" (other values outside 0..8: ValueError from the settings)
         out[key] = n
     return out
 

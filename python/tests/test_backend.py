@@ -196,6 +196,21 @@ def width_defaults_as_the_hook():
             dist.all_reduce(t)
             assert within_bound(t, gather(x), want, 2, bucket), bucket
             assert same_everywhere(t)
+        os.environ["CGX_COMPRESSION_BUCKET_SIZE"] = "100"  # not compiled in: refused, naming the sizes
+        try:
+            dist.all_reduce(torch.ones(5000))
+        except ValueError as e:
+            assert "bucket must be one of" in str(e), str(e)
+        else:
+            raise AssertionError("bucket 100 was not refused")
+        del os.environ["CGX_COMPRESSION_BUCKET_SIZE"]
+        os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"] = "64"  # only 32 means uncompressed
+        try:
+            cgx_torch.backend.settings()
+        except ValueError as e:
+            assert "bits must be" in str(e), str(e)
+        else:
+            raise AssertionError("bits 64 was not refused")
     finally:
         os.environ.pop("CGX_COMPRESSION_QUANTIZATION_BITS", None)
         os.environ.pop("CGX_COMPRESSION_BUCKET_SIZE", None)
