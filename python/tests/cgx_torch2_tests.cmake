@@ -96,3 +96,17 @@ set_tests_properties(unchanged.gpt_train4 unchanged.ddp_tutorial2 PROPERTIES FIX
                      PASS_REGULAR_EXPRESSION "run_unchanged: OK")
 set_tests_properties(unchanged.gpt_train4 PROPERTIES PROCESSORS 4)
 set_tests_properties(unchanged.ddp_tutorial2 PROPERTIES PROCESSORS 2)
+# The same script when torch's autoloading is off (TORCH_DEVICE_BACKEND_AUTOLOAD=0): torch
+# finds `cgx` through its torch.distributed.backends entry point when the group asks for it.
+add_test(NAME unchanged.ddp_tutorial2_lazy
+         COMMAND "${CGX_TORCH2_PYTHON}" ${PROJECT_SOURCE_DIR}/python/tests/run_unchanged.py --nproc 2
+                 --metric "rank 0: final loss" --tol 0.02 --expect "parameters identical on every rank: True"
+                 -- ${_t2_tp}/ddp_tutorial.py --backend "{backend}")
+set_tests_properties(unchanged.ddp_tutorial2_lazy PROPERTIES FIXTURES_REQUIRED cgx_torch2 LABELS "python;torch2"
+                     ENVIRONMENT "${_t2_env};TORCH_DEVICE_BACKEND_AUTOLOAD=0" TIMEOUT 900 PROCESSORS 2
+                     PASS_REGULAR_EXPRESSION "run_unchanged: OK")
+# `import torch` registers `cgx` and loads nothing of cgx_torch (the hook is import-light).
+add_test(NAME cgx_torch2.autoload_light
+         COMMAND "${CGX_TORCH2_PYTHON}" -c "import sys, torch, torch.distributed as d; ok = 'cgx' in d.Backend.backend_list and not any(m.startswith('cgx_torch.') or m == 'cgx_torch' for m in sys.modules); print('autoload:', 'OK' if ok else 'FAILED', sorted(m for m in sys.modules if 'cgx' in m))")
+set_tests_properties(cgx_torch2.autoload_light PROPERTIES FIXTURES_REQUIRED cgx_torch2 LABELS "python;torch2"
+                     ENVIRONMENT "${_t2_env}" TIMEOUT 120 PASS_REGULAR_EXPRESSION "autoload: OK")
