@@ -327,7 +327,7 @@ if _C10dBackend is not None:
             self._hashes = {}
             self._plans = {}
             self._worker = _core.Worker(f"cgx_torch-backend-r{rank}")
-            self.calls = 0  # compressed calls issued
+            self.calls = 0  # compressed calls issued (bits > 0)
             self.plans_built = 0
             self._reported = False
             _backends.add(self)
@@ -421,7 +421,6 @@ if _C10dBackend is not None:
             before returning (CUDA: its host copies are made on the caller's stream)."""
             if self._worker is None:
                 raise _core.CGXError("cgx_torch: the `cgx` group was shut down")
-            self.calls += 1
             w = _Work(torch.futures.Future())
             self._worker.submit(fn, w.get_future())
             if device == "cuda":
@@ -431,16 +430,22 @@ if _C10dBackend is not None:
         def allreduce(self, tensors, opts):
             op = opts.reduceOp
             if len(tensors) == 1 and self._compressible(tensors[0], op):
+                # Agreed and run on the worker even when the settings say uncompressed
+                # (bits 0): a rank whose environment says otherwise must meet an agreement,
+                # not an exact allreduce it would wait on until the group's timeout.
                 s = settings()  # read now, at the call, on the caller's thread
-                if s.bits != 0:
-                    t, avg = tensors[0], _avg_of(op)
-                    ticket = self._propose(self._key(t, False, s))
+                t, avg = tensors[0], _avg_of(op)
+                ticket = self._propose(self._key(t, False, s))
+                self.calls += s.bits != 0
 
-                    def run():
-                        self._settle(ticket)
-                        return [self._reduce(t, avg, s)]
+                def run():
+                    self._settle(ticket)
+                    if s.bits == 0:
+                        self._group.exact_allreduce_(t)  # gloo's exact sum, in the worker's order
+                        return [t.div_(self._size) if avg else t]
+                    return [self._reduce(t, avg, s)]
 
-                    return self._submit(run, t.device.type)
+                return self._submit(run, t.device.type)
             return self._exact_allreduce(tensors, op, opts)
 
         def _exact_allreduce(self, tensors, op, opts):
@@ -479,13 +484,17 @@ if _C10dBackend is not None:
                 if o.dtype != i.dtype or o.device != i.device:
                     raise ValueError(f"cgx: reduce_scatter_tensor: output ({o.dtype}, {o.device}) and input "
                                      f"({i.dtype}, {i.device}) differ")
-            s = settings()
-            if s.bits != 0 and len(outputs) == len(inputs) and all(self._compressible(i, op) for i in inputs):
+            if inputs and len(outputs) == len(inputs) and all(self._compressible(i, op) for i in inputs):
+                s = settings()  # agreed and run on the worker at bits 0 too (see allreduce)
                 avg, rank = _avg_of(op), self._rank
                 ticket = self._propose(tuple(self._key(i, True, s) for i in inputs))
+                self.calls += s.bits != 0
 
                 def run():
                     self._settle(ticket)
+                    if s.bits == 0:
+                        self._exact_reduce_scatter(outputs, inputs, op, self._cgx_gloo).wait()
+                        return outputs
                     for o, i in zip(outputs, inputs):
                         plan, buf = self._entry(i, True, s)
                         work = buf.view(i.shape).copy_(i).view(-1)
@@ -497,17 +506,17 @@ if _C10dBackend is not None:
                         o.view(-1).copy_(shard)
                     return outputs
 
-                return self._submit(run, inputs[0].device.type if inputs else "cpu")
-            return self._exact_reduce_scatter(outputs, inputs, op)
+                return self._submit(run, inputs[0].device.type)
+            return self._exact_reduce_scatter(outputs, inputs, op, self._gloo)
 
-        def _exact_reduce_scatter(self, outputs, inputs, op):
+        def _exact_reduce_scatter(self, outputs, inputs, op, gloo):
             """gloo: the allreduce of a copy of each input, this rank's shard kept (AVG: divided)."""
             p, rank = self._size, self._rank
             sum_op = dist.ReduceOp.SUM if _avg_of(op) else op
             copies = [i.detach().clone() for i in inputs]
             o = dist.AllreduceOptions()
             o.reduceOp = sum_op
-            works = [self._gloo.allreduce([c], o) for c in copies]
+            works = [gloo.allreduce([c], o) for c in copies]
 
             def finish(_):
                 for w in works:

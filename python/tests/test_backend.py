@@ -15,6 +15,7 @@ import gc
 import hashlib
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -228,6 +229,23 @@ def mismatched_settings_raise_everywhere():
         raise AssertionError("no error")
     finally:
         cgx_torch.backend.reset()
+    # one rank uncompressed (torch_cgx's 32): it meets the agreement too, so every rank
+    # raises at once (an exact allreduce on its side would wait for the group's timeout)
+    for bits, n, reduce_scatter in ((0, 6000, False), (4, 6000, True)):
+        os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"] = "32" if rank == 0 else str(bits or 4)
+        t0 = time.monotonic()
+        try:
+            if reduce_scatter:
+                dist.reduce_scatter_tensor(torch.empty(n // p * 1), torch.ones(n // p * p))
+            else:
+                dist.all_reduce(torch.ones(n))
+        except Exception as e:  # noqa: BLE001
+            assert "different settings" in str(e), str(e)
+        else:
+            raise AssertionError("no error")
+        finally:
+            del os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"]
+        assert time.monotonic() - t0 < 60, time.monotonic() - t0
     t = torch.ones(5000)  # the group goes on
     dist.all_reduce(t)
     assert torch.all(t == p)
