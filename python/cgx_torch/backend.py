@@ -360,28 +360,46 @@ if _C10dBackend is not None:
             """What every rank must agree on for a compressed call on t with settings s."""
             return (tuple(t.shape), str(t.dtype), t.device.type, "reduce_scatter" if scatter else "allreduce", s)
 
-        def _propose(self, keys):
+        def _propose(self, keys, problem=None):
             """Issues the agreement of one compressed call (caller's thread, issue order):
-            a MAX allreduce of (hash, -hash) of its keys on the agreement gloo. Every call
-            agrees, since the settings are read at each call and a rank whose environment
-            differs must not reach a cached plan while its peers build theirs. Returns the
-            ticket the worker settles."""
+            a MAX allreduce of (hash, -hash, this rank has a problem) of its keys on the
+            agreement gloo. Every call agrees, since the settings are read at each call and
+            a rank whose environment differs must not reach a cached plan while its peers
+            build theirs. Returns the ticket the worker settles."""
             h = self._hashes.get(keys)
             if h is None:
                 if len(self._hashes) > 1024:
                     self._hashes.clear()
                 h = self._hashes[keys] = _core.stable_hash(keys)
-            v = torch.tensor([h, -h], dtype=torch.int64)
+            v = torch.tensor([h, -h, int(problem is not None)], dtype=torch.int64)
             o = dist.AllreduceOptions()
             o.reduceOp = dist.ReduceOp.MAX
-            return keys, v, self._agree_gloo.allreduce([v], o)
+            return keys, v, self._agree_gloo.allreduce([v], o), problem
 
         @staticmethod
         def _settle(ticket):
-            """Waits for a call's agreement (worker): MismatchError when the ranks' keys differ."""
-            keys, v, work = ticket
+            """Waits for a call's agreement (worker) and raises, on every rank: this rank's
+            own problem (settings the environment gives that the plans do not take), or
+            ValueError when another rank had one, or MismatchError when the keys differ."""
+            keys, v, work, problem = ticket
             work.wait()
+            if problem is not None:
+                raise problem
+            if int(v[2]):
+                raise ValueError("cgx_torch: another rank's `cgx` settings are invalid (see its error); nothing was "
+                                 "reduced")
             _core.judge(keys, int(v[0]) == -int(v[1]), False)
+
+        def _call_settings(self, key_of):
+            """(settings, agreement ticket) of a compressed call whose keys key_of(settings)
+            gives: the settings read now; where the environment's are invalid, this rank
+            still takes part in the agreement (its peers must not wait for it until the
+            group's timeout) and its Work raises the error."""
+            try:
+                s = settings()
+            except (TypeError, ValueError) as e:
+                return None, self._propose(("invalid settings",), e)
+            return s, self._propose(key_of(s))
 
         def _entry(self, t, scatter, s):
             """(plan, staging buffer or None) for t with settings s, built once per shape,
@@ -433,10 +451,9 @@ if _C10dBackend is not None:
                 # Agreed and run on the worker even when the settings say uncompressed
                 # (bits 0): a rank whose environment says otherwise must meet an agreement,
                 # not an exact allreduce it would wait on until the group's timeout.
-                s = settings()  # read now, at the call, on the caller's thread
                 t, avg = tensors[0], _avg_of(op)
-                ticket = self._propose(self._key(t, False, s))
-                self.calls += s.bits != 0
+                s, ticket = self._call_settings(lambda s: self._key(t, False, s))  # read now, at the call
+                self.calls += s is not None and s.bits != 0
 
                 def run():
                     self._settle(ticket)
@@ -485,10 +502,10 @@ if _C10dBackend is not None:
                     raise ValueError(f"cgx: reduce_scatter_tensor: output ({o.dtype}, {o.device}) and input "
                                      f"({i.dtype}, {i.device}) differ")
             if inputs and len(outputs) == len(inputs) and all(self._compressible(i, op) for i in inputs):
-                s = settings()  # agreed and run on the worker at bits 0 too (see allreduce)
+                # agreed and run on the worker at bits 0 too (see allreduce)
+                s, ticket = self._call_settings(lambda s: tuple(self._key(i, True, s) for i in inputs))
                 avg, rank = _avg_of(op), self._rank
-                ticket = self._propose(tuple(self._key(i, True, s) for i in inputs))
-                self.calls += s.bits != 0
+                self.calls += s is not None and s.bits != 0
 
                 def run():
                     self._settle(ticket)

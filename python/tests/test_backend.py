@@ -246,6 +246,21 @@ def mismatched_settings_raise_everywhere():
         finally:
             del os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"]
         assert time.monotonic() - t0 < 60, time.monotonic() - t0
+    # one rank's environment gives settings the plans do not take: it raises its error, the
+    # others that a peer's settings are invalid, at once
+    if rank == 0:
+        os.environ["CGX_COMPRESSION_BUCKET_SIZE"] = "100"
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(6000))
+    except Exception as e:  # noqa: BLE001
+        want = "bucket must be one of" if rank == 0 else "another rank's `cgx` settings are invalid"
+        assert want in str(e), str(e)
+    else:
+        raise AssertionError("no error")
+    finally:
+        os.environ.pop("CGX_COMPRESSION_BUCKET_SIZE", None)
+    assert time.monotonic() - t0 < 60, time.monotonic() - t0
     t = torch.ones(5000)  # the group goes on
     dist.all_reduce(t)
     assert torch.all(t == p)
