@@ -393,13 +393,14 @@ def agree(group, key, problem):
     judge(key, same, bad, problem)
 
 
-def judge(key, same, bad, problem=None):
+def judge(key, same, bad, problem=None, peer=" passed an invalid tensor"):
     """The verdict of an agreement on key (see agree): raises this rank's problem, or
-    ValueError when another rank had one, or MismatchError when the keys differ."""
+    ValueError when another rank had one ("another rank" + peer), or MismatchError when
+    the keys differ."""
     if problem is not None:
         raise problem
     if bad:
-        raise ValueError("cgx_torch: another rank passed an invalid tensor (see its error); nothing was reduced")
+        raise ValueError(f"cgx_torch: another rank{peer} (see its error); nothing was reduced")
     if not same:
         raise MismatchError("cgx_torch: ranks passed different settings or buffer layouts (bits, bucket, "
                             "rounding, adaptive, error feedback, dtype, shape or layers); nothing was reduced. "
