@@ -383,12 +383,7 @@ if _C10dBackend is not None:
             ValueError when another rank had one, or MismatchError when the keys differ."""
             keys, v, work, problem = ticket
             work.wait()
-            if problem is not None:
-                raise problem
-            if int(v[2]):
-                raise ValueError("cgx_torch: another rank's `cgx` settings are invalid (see its error); nothing was "
-                                 "reduced")
-            _core.judge(keys, int(v[0]) == -int(v[1]), False)
+            _core.judge(keys, int(v[0]) == -int(v[1]), bool(v[2]), problem, peer="'s `cgx` settings are invalid")
 
         def _call_settings(self, key_of):
             """(settings, agreement ticket) of a compressed call whose keys key_of(settings)
@@ -527,7 +522,9 @@ if _C10dBackend is not None:
             return self._exact_reduce_scatter(outputs, inputs, op, self._gloo)
 
         def _exact_reduce_scatter(self, outputs, inputs, op, gloo):
-            """gloo: the allreduce of a copy of each input, this rank's shard kept (AVG: divided)."""
+            """gloo: the allreduce of a copy of each input, this rank's shard kept (AVG: divided).
+            Not gloo's own reduce-scatter: its Work has no future (getFuture is not
+            implemented), and DDP, FSDP2 and the AVG division chain on one."""
             p, rank = self._size, self._rank
             sum_op = dist.ReduceOp.SUM if _avg_of(op) else op
             copies = [i.detach().clone() for i in inputs]
@@ -535,9 +532,11 @@ if _C10dBackend is not None:
             o.reduceOp = sum_op
             works = [gloo.allreduce([c], o) for c in copies]
 
-            def finish(_):
-                for w in works:
-                    w.wait()
+            def finish(done):
+                # (not works[i].wait(): this runs in the thread that completes gloo's work,
+                # which would then wait for itself; the collected futures carry the errors)
+                for f in done.value():
+                    f.value()
                 for out, c in zip(outputs, copies):
                     m = out.numel()
                     out.view(-1).copy_(c.view(-1)[rank * m:(rank + 1) * m])

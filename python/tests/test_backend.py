@@ -148,6 +148,26 @@ def other_ops_exact():
 
 
 @test
+def reduce_scatter_exact_fallback():
+    """reduce_scatter_tensor that cgx does not compress goes to gloo exact: integers (SUM),
+    MAX, and AVG at 32 bits (agreed, then exact on the worker). It hung before: its
+    completion waited on gloo's work inside the thread that completes it."""
+    want_sum = torch.arange(6 * p, dtype=torch.float64) * sum(range(1, p + 1))
+    for dtype, op in ((torch.int64, dist.ReduceOp.SUM), (torch.float32, dist.ReduceOp.MAX)):
+        o = torch.empty(6, dtype=dtype)
+        dist.reduce_scatter_tensor(o, torch.arange(6 * p, dtype=dtype) * (rank + 1), op=op)
+        w = want_sum if op == dist.ReduceOp.SUM else torch.arange(6 * p, dtype=torch.float64) * p
+        assert torch.equal(o.double(), w[rank * 6:(rank + 1) * 6]), (dtype, o)
+    os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"] = "32"
+    try:
+        o = torch.empty(6)
+        dist.reduce_scatter_tensor(o, torch.arange(6.0 * p) * (rank + 1), op=dist.ReduceOp.AVG)
+        assert torch.allclose(o.double(), want_sum[rank * 6:(rank + 1) * 6] / p), o
+    finally:
+        del os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"]
+
+
+@test
 def settings_from_environment_and_configure():
     """configure(bits=8) applies from the next call on (smaller error than 4 bits); the
     environment is read at every call, as torch_cgx reads it:
