@@ -5,15 +5,20 @@
 //       [--bits 2,4,8,32] [--bucket 1024] [--rounding stochastic|nearest]
 //       [--reducer sra|ring|tree|hier] [--transport mpi|shm] [--dtype float|double]
 //       (hier: hierarchical<uncompressed, ring>, exact inside a node, compressed across nodes)
-//       [--native-below SIZE|auto] [--threads N] [--verify] [--link NAME] [--json FILE]
+//       [--native-below SIZE|auto|static,...] [--threads N] [--verify] [--link NAME] [--json FILE]
 //       [--project PROFILE|all] [--bytes SIZE]
 //       [--eb smooth,rough] [--eb-bounds 1e-2,1e-3,1e-4] [--eb-prediction auto,none] [--eb-only]
 //
 // --native-below is the plans' plan_options::native_below_bytes (0: always compress).
-// Its default is 64K, cgx::default_native_below_bytes, the library's pick for ranks on
-// several nodes, not the library's own default (auto: 16 MiB when all ranks share one
-// node): the emulated networks (bench/netns-run) put every rank on one host, which a
-// plan would take for one node. `auto` lets the plans pick; the header says what they use.
+// Its default is 64K, cgx::default_native_below_bytes, the static pick for ranks on
+// several nodes, not the library's own default: the emulated networks (bench/netns-run)
+// put every rank on one host, which a plan would take for one node. `auto` is the
+// library's default, the measured choice per size class (cgx::auto_threshold: its rows
+// end with "auto:cgx" or "auto:mpi", the path it took in the last measured iteration);
+// `static` is cgx::static_threshold. A list (e.g. 0,auto) makes one plan per value and
+// bit width, each timed in its own rows with MPI_Allreduce in the same loop: `0,auto`
+// gives the fixed compressed path, the uncompressed one (def) and the measured choice
+// side by side (bench/auto-sweep).
 //
 // The baseline is the better of Open MPI's default MPI_Allreduce and its ring
 // (coll_tuned_allreduce_algorithm 4, selected through MPI_T on a duplicated
@@ -106,7 +111,7 @@ struct options {
   std::string reducer = "sra";
   std::string transport = "mpi";
   std::string dtype = "float";
-  std::size_t native_below = cgx::default_native_below_bytes;  // --native-below (see the file comment)
+  std::vector<std::size_t> native_below = {cgx::default_native_below_bytes};  // --native-below (see the file comment)
   int threads = 1;                                              // --threads: plan_options::threads
   bool verify = false;                                          // --verify: plan_options::verify
   std::string link = std::getenv("CGX_LINK") ? std::getenv("CGX_LINK") : "none";
@@ -175,8 +180,12 @@ options parse(int argc, char** argv) {
     else if (a == "--transport") o.transport = val();
     else if (a == "--dtype") o.dtype = val();
     else if (a == "--native-below") {
-      const std::string v = val();
-      o.native_below = v == "auto" ? cgx::auto_threshold : parse_size(v);
+      o.native_below.clear();
+      for (const std::string& v : split_list(val()))
+        o.native_below.push_back(v == "auto"     ? cgx::auto_threshold
+                                 : v == "static" ? cgx::static_threshold
+                                                 : parse_size(v));
+      if (o.native_below.empty()) usage_error("--native-below needs a value");
     }
     else if (a == "--link") o.link = val();
     else if (a == "--json") o.json = val();
@@ -221,6 +230,9 @@ void fill(std::vector<T>& x, int rank) {
 struct runner {
   std::function<void(void*, std::size_t)> run;
   std::size_t native_below = 0;  // the plan's native_below_bytes()
+  std::function<bool()> last_native = [] { return false; };  // the plan's last_native()
+  int bits = 0;                  // set by run()
+  std::size_t asked = 0;         // plan_options::native_below_bytes as asked
 };
 
 // One timed iteration: cgx (`run`), MPI_Allreduce on MPI_COMM_WORLD and on ring_comm (if
@@ -249,7 +261,7 @@ std::array<double, 3> time_rotation(int it, const T* input, T* work, std::size_t
 // The plan options the command line asks for.
 cgx::plan_options plan_options_of(const options& o) {
   cgx::plan_options po;
-  po.native_below_bytes = o.native_below;
+  po.native_below_bytes = o.native_below.front();
   po.threads = o.threads;
   po.verify = o.verify;
   return po;
@@ -259,7 +271,8 @@ template <class T, class Q, class R, class X>
 runner make_plan(X x, std::size_t max_count, const options& o) {
   const cgx::plan_options po = plan_options_of(o);
   auto plan = std::make_shared<cgx::allreduce_plan<T, Q, R, X>>(std::move(x), max_count, po);
-  return {[plan](void* b, std::size_t n) { (*plan)(static_cast<T*>(b), n); }, plan->native_below_bytes()};
+  return {[plan](void* b, std::size_t n) { (*plan)(static_cast<T*>(b), n); }, plan->native_below_bytes(),
+          [plan] { return plan->last_native(); }};
 }
 
 template <class T, class Q, class R>
@@ -579,7 +592,14 @@ int run(const options& o, int rank, int p) {
   fill(input, rank);
   std::vector<runner> plans;
   if (!o.eb_only)
-    for (int b : o.bits) plans.push_back(make_runner<T>(b, max_count, o));
+    for (int b : o.bits)
+      for (std::size_t nb : o.native_below) {
+        options one = o;
+        one.native_below = {nb};
+        plans.push_back(make_runner<T>(b, max_count, one));
+        plans.back().bits = b;
+        plans.back().asked = nb;
+      }
 
   FILE* js = nullptr;
   if (rank == 0 && !o.json.empty()) {
@@ -613,9 +633,14 @@ int run(const options& o, int rank, int p) {
                 "measured now); link %s%s; floor = 2 n sizeof(T) + 4 (p-1)/p w bytes at that bandwidth, wire = "
                 "2 (p-1) w over the link%s\n",
                 copy_bps / 1e9, p, o.link.c_str(), rate, roofline ? "" : " (sra and ring rows only)");
-    std::printf("# cgx hands calls under %zu bytes to MPI_Allreduce (native_below_bytes%s)\n",
-                plans.empty() ? o.native_below : plans[0].native_below,
-                o.native_below == cgx::auto_threshold ? ", picked by the plan" : "");
+    for (std::size_t k = 0; k < plans.size() && k < o.native_below.size(); ++k) {
+      if (plans[k].native_below == cgx::auto_threshold)
+        std::printf("# cgx (auto) chooses per size class between compressing and MPI_Allreduce by timing both "
+                    "(native_below_bytes auto_threshold)\n");
+      else
+        std::printf("# cgx hands calls under %zu bytes to MPI_Allreduce (native_below_bytes%s)\n", plans[k].native_below,
+                    plans[k].asked == cgx::static_threshold ? ", static pick" : "");
+    }
     if (!o.eb_only)
       std::printf("%12s %11s %6s %7s %4s %6s | %10s %8s %8s | %10s %10s %10s %8s | %7s %10s %10s | %9s %9s %7s\n",
                   "size(B)", "count", "type", "reducer", "bits", "bucket", "time(us)", "algbw", "busbw", "def(us)",
@@ -644,7 +669,7 @@ int run(const options& o, int rank, int p) {
         if (rank == 0) {
           if (o.passes > 1) std::fprintf(stderr, "\r[bench] pass %d/%d, ", pass + 1, o.passes);
           else std::fprintf(stderr, "\r[bench] ");
-          std::fprintf(stderr, "%zu bytes, %d bits ...      ", n * sizeof(T), o.bits[k]);
+          std::fprintf(stderr, "%zu bytes, %d bits ...      ", n * sizeof(T), plans[k].bits);
         }
         auto& [tc, tm, tr] = rows[row * plans.size() + k];
         for (int it = 0; it < o.warmup + o.iters; ++it) {
@@ -674,9 +699,16 @@ int run(const options& o, int rank, int p) {
           const double t = median(tc), tdef = median(tm), tring = median(tr);
           const bool ring_better = ring_comm != MPI_COMM_NULL && tring < tdef;
           const double tb = ring_better ? tring : tdef;
+          const bool measured = plans[k].native_below == cgx::auto_threshold;
+          const char* auto_note = !measured ? "" : plans[k].last_native() ? "  auto:mpi" : "  auto:cgx";
+          char nb_js[64];
+          if (measured)
+            std::snprintf(nb_js, sizeof nb_js, "\"auto\", \"auto_pick\": \"%s\"", plans[k].last_native() ? "mpi" : "cgx");
+          else
+            std::snprintf(nb_js, sizeof nb_js, "%zu", plans[k].native_below);
           const double bytes = static_cast<double>(n * sizeof(T));
           const double algbw = bytes / t / 1e9, busbw = algbw * 2.0 * (p - 1) / p;
-          const std::size_t w = wire_bytes<T>(o.bits[k], o.bucket, n);
+          const std::size_t w = wire_bytes<T>(plans[k].bits, o.bucket, n);
           const double ratio = bytes / static_cast<double>(std::max<std::size_t>(1, w));
           const cgx::model::roofline f = cgx::model::allreduce_roofline(n, sizeof(T), w, p, copy_bps, link_bps);
           char floor_us[32] = "-", wire_us[32] = "-", x_roof[32] = "-", wire_js[32] = "null", roof_js[96] = "";
@@ -697,9 +729,9 @@ int run(const options& o, int rank, int p) {
             std::snprintf(ring_s, sizeof ring_s, "%.6e", tring);
           }
           std::printf("%12zu %11zu %6s %7s %4d %6d | %10.1f %8.3f %8.3f | %10.1f %10s %10.1f %7.2fx | %6.2fx %10.3e %10.3e "
-                      "| %9s %9s %7s\n",
-                      n * sizeof(T), n, o.dtype.c_str(), o.reducer.c_str(), o.bits[k], o.bucket, t * 1e6, algbw, busbw,
-                      tdef * 1e6, ring_us, tb * 1e6, tb / t, ratio, max_abs, rel, floor_us, wire_us, x_roof);
+                      "| %9s %9s %7s%s\n",
+                      n * sizeof(T), n, o.dtype.c_str(), o.reducer.c_str(), plans[k].bits, o.bucket, t * 1e6, algbw, busbw,
+                      tdef * 1e6, ring_us, tb * 1e6, tb / t, ratio, max_abs, rel, floor_us, wire_us, x_roof, auto_note);
           std::fflush(stdout);
           if (js) {
             std::fprintf(js,
@@ -709,14 +741,14 @@ int run(const options& o, int rank, int p) {
                          "\"time_s\": %.6e, \"algbw_gbps\": %.5f, \"busbw_gbps\": %.5f, \"mpi_time_s\": %.6e, "
                          "\"mpi_default_time_s\": %.6e, \"mpi_ring_time_s\": %s, \"baseline\": \"%s\", "
                          "\"speedup\": %.5f, \"ratio\": %.4f, \"max_abs_err\": %.6e, \"rel_l2\": %.6e, "
-                         "\"copy_bw_gbps\": %.4f, \"wire_s\": %s%s}",
+                         "\"copy_bw_gbps\": %.4f, \"wire_s\": %s%s, \"native_below\": %s}",
                          first_record ? "" : ",\n", n * sizeof(T), n, o.dtype.c_str(), p, o.reducer.c_str(),
-                         o.transport.c_str(), o.bits[k], o.bucket, o.rounding.c_str(), o.link.c_str(), o.iters, o.passes,
+                         o.transport.c_str(), plans[k].bits, o.bucket, o.rounding.c_str(), o.link.c_str(), o.iters, o.passes,
                          cgx::quant::to_string(cgx::quant::active_host_isa()), o.threads, t,
                          algbw, busbw,
                          tb, tdef, ring_s,
                          ring_better ? "ring" : "default", tb / t, ratio, max_abs, rel, copy_bps / 1e9,
-                         roofline ? wire_js : "null", roof_js);
+                         roofline ? wire_js : "null", roof_js, nb_js);
             first_record = false;
           }
         }

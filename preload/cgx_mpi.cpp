@@ -105,8 +105,8 @@ struct setting {
 
 /// The interposer's threshold when neither CGX_MPI_MIN_BYTES nor cgx_min_bytes is given:
 /// 64 KiB, cgx's own threshold across nodes (cgx::default_native_below_bytes,
-/// docs/threshold.md). Below it every call stays exact; above it the plan still picks its
-/// own threshold (larger on one node).
+/// docs/threshold.md). Below it every call stays exact; above it the plan chooses between
+/// compressing and MPI_Allreduce per size class by timing both (cgx::auto_threshold).
 constexpr std::size_t default_min_bytes = std::size_t{64} << 10;
 
 std::optional<int> parse_bits(const char* s) {
@@ -534,7 +534,7 @@ void print_report() {
   }
   std::fprintf(stderr,
                "cgx_mpi report (%d ranks, %s): MPI_Allreduce calls, all ranks: %llu compressed, %llu opted in but "
-               "sent uncompressed by cgx (below its threshold), %llu opted in but below the minimum size (exact), "
+               "sent uncompressed by cgx (its measured choice, or below the threshold given), %llu opted in but below the minimum size (exact), "
                "%llu passed through unchanged, %llu failed; plans built: %llu%s\n",
                size, mode.c_str(), static_cast<unsigned long long>(sum[n_compressed]),
                static_cast<unsigned long long>(sum[n_native]), static_cast<unsigned long long>(sum[n_small]),
@@ -751,7 +751,7 @@ int follow(comm_state& s, const pending_round& r, const agreement& a, const conf
   req.capacity = std::bit_ceil(std::max<std::size_t>(static_cast<std::size_t>(a.max.count), 4096));
   req.bits = r.s.bits;
   // A threshold the user gave is the plan's too (on one node as well); otherwise the
-  // plan picks its own (cgx::auto_threshold: larger on one node).
+  // plan chooses per size class by timing both paths (cgx::auto_threshold).
   req.native_below = r.s.min_bytes ? *r.s.min_bytes : std::numeric_limits<std::size_t>::max();
   req.collective_check = c.collective_check;
   req.timeout_ms = c.timeout_ms;

@@ -46,7 +46,7 @@ class maxmin_plan final : public plan {
   traffic run(void* buf, std::size_t n, double) override {
     p_(static_cast<T*>(buf), n);
     traffic t;
-    if (n * sizeof(T) < p_.native_below_bytes()) {
+    if (p_.last_native()) {  // the plan's measured choice, or the user's threshold
       t.native = true;
       return t;
     }

@@ -25,6 +25,8 @@ class allreduce_impl final : public allreduce_iface {
   void wait() override { plan_.wait(); }
   bool in_flight() const override { return plan_.in_flight(); }
   std::size_t native_below_bytes() const override { return plan_.native_below_bytes(); }
+  path_pick path_for(std::size_t bytes) const override { return plan_.path_for(bytes); }
+  bool last_native() const override { return plan_.last_native(); }
   std::uint32_t calls() const override { return plan_.calls(); }
   std::size_t compressed_bytes(std::size_t n) const override { return Q::template compressed_bytes<T>(n); }
 

@@ -387,7 +387,7 @@ void error_bounded_create(MPI_Comm comm, const cgx_error_bounded_config* c, cgx_
 void record(cgx_allreduce_plan* p, std::size_t n, double seconds) {
   cgx_stats s{};
   s.count = n;
-  s.native = n * size_of(p->type) < p->impl->native_below_bytes() ? 1 : 0;
+  s.native = p->impl->last_native() ? 1 : 0;
   s.calls = p->impl->calls();
   s.seconds = seconds;
   s.raw_bytes = n * size_of(p->type);
@@ -567,6 +567,34 @@ cgx_errc cgx_allreduce_native_below_bytes(const cgx_allreduce_plan* plan, size_t
     check_plan(plan, who);
     if (bytes == nullptr) refuse(std::string(who) + ": the result pointer is NULL");
     *bytes = plan->impl->native_below_bytes();
+  });
+}
+
+static void copy_path(const cgx::path_pick& k, cgx_path* path) {
+  path->measured = k.measured ? 1 : 0;
+  path->compressed = k.compressed ? 1 : 0;
+  path->native_seconds = k.native_s;
+  path->compressed_seconds = k.compressed_s;
+  path->calls = k.calls;
+  path->decisions = k.decisions;
+  path->flips = k.flips;
+}
+
+cgx_errc cgx_allreduce_path(const cgx_allreduce_plan* plan, size_t bytes, cgx_path* path) noexcept {
+  static const char* const who = "cgx_allreduce_path";
+  return guarded(who, [&] {
+    check_plan(plan, who);
+    if (path == nullptr) refuse(std::string(who) + ": the result pointer is NULL");
+    copy_path(plan->impl->path_for(bytes), path);
+  });
+}
+
+cgx_errc cgx_error_bounded_path(const cgx_error_bounded_plan* plan, size_t bytes, cgx_path* path) noexcept {
+  static const char* const who = "cgx_error_bounded_path";
+  return guarded(who, [&] {
+    check_plan(plan, who);
+    if (path == nullptr) refuse(std::string(who) + ": the result pointer is NULL");
+    copy_path(plan->impl->path_for(bytes), path);
   });
 }
 

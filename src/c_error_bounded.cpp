@@ -20,6 +20,7 @@ class error_bounded_impl final : public error_bounded_iface {
   error_bounded_impl(MPI_Comm comm, std::size_t max_count, const plan_options& o) : plan_(make_transport(comm, o), max_count, o) {}
   void run(void* buf, std::size_t n, double bound) override { plan_(static_cast<T*>(buf), n, bound); }
   cgx::error_bounded_stats stats() const override { return plan_.last_stats(); }
+  path_pick path_for(std::size_t bytes) const override { return plan_.path_for(bytes); }
 
  private:
   error_bounded_plan<T, quant::error_bounded<1024>, R, comm::mpi> plan_;

@@ -31,6 +31,8 @@ class allreduce_iface {
   virtual void wait() = 0;
   [[nodiscard]] virtual bool in_flight() const = 0;
   [[nodiscard]] virtual std::size_t native_below_bytes() const = 0;
+  [[nodiscard]] virtual path_pick path_for(std::size_t bytes) const = 0;
+  [[nodiscard]] virtual bool last_native() const = 0;
   [[nodiscard]] virtual std::uint32_t calls() const = 0;
   [[nodiscard]] virtual std::size_t compressed_bytes(std::size_t n) const = 0;
 };
@@ -41,6 +43,7 @@ class error_bounded_iface {
   virtual ~error_bounded_iface() = default;
   virtual void run(void* buf, std::size_t n, double bound) = 0;
   [[nodiscard]] virtual cgx::error_bounded_stats stats() const = 0;
+  [[nodiscard]] virtual path_pick path_for(std::size_t bytes) const = 0;
 };
 
 /// The transport of a plan over `comm` with options `o` (resolved by c_api.cpp): where

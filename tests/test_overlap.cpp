@@ -1,5 +1,6 @@
 // Non-blocking start()/wait(), and the native-allreduce fallback below the threshold:
-// how a plan picks the threshold (transports' single_node()) and that it uses it.
+// how a plan picks the static threshold (transports' single_node()) and that it uses it.
+// The default measured choice: test_path_choice.cpp.
 #include <doctest/doctest.h>
 
 #include <cgx/cgx.hpp>
@@ -124,28 +125,37 @@ TEST_CASE("ranks with different thresholds are refused before any data moves") {
   CHECK(v == before);
 }
 
-TEST_CASE("the default threshold is picked at construction: 16 MiB on one node, 64 KiB across nodes") {
+TEST_CASE("static_threshold is picked at construction: 16 MiB on one node, 64 KiB across nodes; the default measures") {
   const int r = world_rank();
   const int p = world_size();
   using EB = cgx::error_bounded_plan<float, cgx::quant::error_bounded<1024>, SRA, mpi>;
   CHECK(cgx::plan_options{}.native_below_bytes == cgx::auto_threshold);
+  {  // the default: measured per size class (tests/test_path_choice.cpp), no fixed threshold
+    allreduce_plan<float, Q4, SRA, mpi> measured{mpi{MPI_COMM_WORLD}, 100};
+    CHECK(measured.native_below_bytes() == cgx::auto_threshold);
+    CHECK_FALSE(measured.path_for(64 << 10).measured);  // nothing called yet
+    CHECK(measured.path_for(100).measured);             // under 4 KiB: native, nothing to measure
+    CHECK_FALSE(measured.path_for(100).compressed);
+  }
+  cgx::plan_options st;
+  st.native_below_bytes = cgx::static_threshold;
   CHECK(cgx::default_native_below_bytes == std::size_t{64} << 10);
   CHECK(cgx::default_native_below_bytes_one_node == std::size_t{16} << 20);
   REQUIRE(same_host_as_rank0());  // ctest starts every rank on this machine
-  allreduce_plan<float, Q4, SRA, mpi> on_mpi{mpi{MPI_COMM_WORLD}, 100};
+  allreduce_plan<float, Q4, SRA, mpi> on_mpi{mpi{MPI_COMM_WORLD}, 100, st};
   CHECK(on_mpi.transport().single_node());
   CHECK(on_mpi.native_below_bytes() == cgx::default_native_below_bytes_one_node);
-  CHECK(on_mpi.options().native_below_bytes == cgx::auto_threshold);  // options() keeps what was asked
-  allreduce_plan<float, Q4, SRA, cgx::comm::shm> on_shm{cgx::comm::shm{MPI_COMM_WORLD}, 100};
+  CHECK(on_mpi.options().native_below_bytes == cgx::static_threshold);  // options() keeps what was asked
+  allreduce_plan<float, Q4, SRA, cgx::comm::shm> on_shm{cgx::comm::shm{MPI_COMM_WORLD}, 100, st};
   CHECK(on_shm.transport().single_node());
   CHECK(on_shm.native_below_bytes() == cgx::default_native_below_bytes_one_node);
-  EB eb{mpi{MPI_COMM_WORLD}, 100};  // the error-bounded plan: every call native on one node
+  EB eb{mpi{MPI_COMM_WORLD}, 100, st};  // the error-bounded plan: every call native on one node
   CHECK(eb.native_below_bytes() == cgx::error_bounded_native_below_bytes_one_node);
   // Two ranks per emulated node: several nodes from 3 ranks on.
   const std::size_t want = p <= 2 ? cgx::default_native_below_bytes_one_node : cgx::default_native_below_bytes;
-  allreduce_plan<float, Q4, SRA, mpi> grouped{mpi{MPI_COMM_WORLD, mpi::nodes{r / 2}}, 100};
+  allreduce_plan<float, Q4, SRA, mpi> grouped{mpi{MPI_COMM_WORLD, mpi::nodes{r / 2}}, 100, st};
   CHECK(grouped.native_below_bytes() == want);
-  EB eb_grouped{mpi{MPI_COMM_WORLD, mpi::nodes{r / 2}}, 100};
+  EB eb_grouped{mpi{MPI_COMM_WORLD, mpi::nodes{r / 2}}, 100, st};
   CHECK(eb_grouped.native_below_bytes() ==
         (p <= 2 ? cgx::error_bounded_native_below_bytes_one_node : cgx::default_native_below_bytes));
 }
@@ -167,16 +177,18 @@ TEST_CASE("an explicit threshold, and 0, are used as given") {
   }
 }
 
-TEST_CASE("calls use the picked threshold: 1 MiB goes to MPI_Allreduce on one node, is compressed across nodes") {
+TEST_CASE("calls use static_threshold's pick: 1 MiB goes to MPI_Allreduce on one node, is compressed across nodes") {
+  cgx::plan_options st;
+  st.native_below_bytes = cgx::static_threshold;
   const int r = world_rank();
   const int p = world_size();
   const std::size_t n = (std::size_t{1} << 20) / sizeof(float);  // 1 MiB: between the two defaults
   const auto x = integer_inputs<float>(r, n);                      // MPI_Allreduce sums them exactly
   const auto exact = mpi_sum(x);
   REQUIRE(same_host_as_rank0());
-  allreduce_plan<float, Q4, SRA, mpi> by_default{mpi{MPI_COMM_WORLD}, n};
+  allreduce_plan<float, Q4, SRA, mpi> by_default{mpi{MPI_COMM_WORLD}, n, st};
   allreduce_plan<float, Q4, SRA, mpi> always{mpi{MPI_COMM_WORLD}, n, schedule_always()};
-  allreduce_plan<float, Q4, SRA, mpi> grouped{mpi{MPI_COMM_WORLD, mpi::nodes{r / 2}}, n};
+  allreduce_plan<float, Q4, SRA, mpi> grouped{mpi{MPI_COMM_WORLD, mpi::nodes{r / 2}}, n, st};
   auto v = x;
   by_default(v.data(), n);
   CHECK(v == exact);  // MPI_Allreduce itself
@@ -191,7 +203,7 @@ TEST_CASE("calls use the picked threshold: 1 MiB goes to MPI_Allreduce on one no
   if (p <= 2) CHECK(v == exact);
   CHECK(grouped.calls() == (p > 2 ? 1u : 0u));
   // comm::shm falls back to MPI_Allreduce too (over the communicator it was made from).
-  allreduce_plan<float, Q4, SRA, cgx::comm::shm> on_shm{cgx::comm::shm{MPI_COMM_WORLD}, n};
+  allreduce_plan<float, Q4, SRA, cgx::comm::shm> on_shm{cgx::comm::shm{MPI_COMM_WORLD}, n, st};
   v = x;
   on_shm(v.data(), n);
   CHECK(v == exact);
@@ -202,7 +214,7 @@ TEST_CASE("calls use the picked threshold: 1 MiB goes to MPI_Allreduce on one no
   if (p > 1) CHECK(v != exact);
   CHECK(shm_always.calls() == 1);
   // The error-bounded plan reports the native path in its stats.
-  cgx::error_bounded_plan<float, cgx::quant::error_bounded<1024>, SRA, mpi> eb{mpi{MPI_COMM_WORLD}, n};
+  cgx::error_bounded_plan<float, cgx::quant::error_bounded<1024>, SRA, mpi> eb{mpi{MPI_COMM_WORLD}, n, st};
   v = x;
   eb(v.data(), n, 0.5);
   CHECK(eb.last_stats().native);

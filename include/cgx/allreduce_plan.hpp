@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "concepts.hpp"
+#include "detail/path_choice.hpp"
 #include "error.hpp"
 #include "plan_common.hpp"
 #include "quant/host_exec.hpp"
@@ -160,32 +161,62 @@ class allreduce_plan : public plan_core<X> {
 
   /// The native-allreduce threshold in use: calls of fewer bytes (n * sizeof(T)) go
   /// through the transport's own uncompressed allreduce, where it has one. The value of
-  /// plan_options::native_below_bytes, or for auto_threshold the plan's pick, made at
-  /// construction: default_native_below_bytes_one_node when the transport's single_node()
-  /// is true, default_native_below_bytes otherwise. 0: every call is compressed.
+  /// plan_options::native_below_bytes; for static_threshold the plan's pick, made at
+  /// construction (default_native_below_bytes_one_node when the transport's
+  /// single_node() is true, default_native_below_bytes otherwise); 0: every call is
+  /// compressed. For auto_threshold (the default, over a transport with a native
+  /// allreduce) it returns auto_threshold: the path is chosen per size class by
+  /// measurement (see path_for()).
   std::size_t native_below_bytes() const noexcept { return native_below_; }
 
+  /// What the measured choice (auto_threshold) knows of calls of `bytes` bytes: whether
+  /// it has decided, its pick, and the agreed times of both paths at its last decision.
+  /// With a fixed threshold: measured, and the pick the threshold makes.
+  path_pick path_for(std::size_t bytes) const noexcept {
+    if (native_below_ == auto_threshold) return choice_.pick_for(bytes);
+    path_pick p;
+    p.measured = true;
+    p.compressed = !(has_native && bytes < native_below_);
+    return p;
+  }
+
+  /// True if the last call (completed, or in flight) took the transport's native allreduce.
+  bool last_native() const noexcept { return last_native_; }
+
  private:
+  static constexpr bool has_native = requires(X& x, T* b, std::size_t n) { x.native_allreduce(b, n); };
+
   void reduce(T* buf, std::size_t n) {
     X& x = this->x_;
-    if constexpr (requires { x.native_allreduce(buf, n); }) {
-      if (n * sizeof(T) < native_below_) {
-        x.native_allreduce(buf, n);
+    auto compressed = [&] { sched_.run(buf, n, x, this->ws_.data(), this->next_rng(), quant::host_exec{this->opts_.threads}); };
+    if constexpr (has_native) {
+      auto native = [&] { x.native_allreduce(buf, n); };
+      const std::size_t bytes = n * sizeof(T);
+      if (native_below_ == auto_threshold) {
+        last_native_ = !detail::run_chosen(choice_, x, bytes, native, compressed);
+        return;
+      }
+      if (bytes < native_below_) {
+        last_native_ = true;
+        native();
         return;
       }
     }
-    sched_.run(buf, n, x, this->ws_.data(), this->next_rng(), quant::host_exec{this->opts_.threads});
+    last_native_ = false;
+    compressed();
   }
 
   /// A number that differs between plans of different T, Q or R.
   static std::int64_t signature() { return detail::plan_signature<T, Q>(R::name).value(); }
 
   // Collective (before the schedule's own setup, in the same order on every rank).
-  std::size_t native_below_ = detail::resolve_native_below(this->x_, this->opts_.native_below_bytes);
+  std::size_t native_below_ = detail::resolve_native_below(this->x_, this->opts_.native_below_bytes, has_native);
   // Ranks must also agree on the native-allreduce threshold, or some would take the
   // native path while others run the schedule.
   std::int64_t sig_ = signature() ^ static_cast<std::int64_t>(native_below_ * 0x9E3779B97F4A7C15ull >> 2);
   schedule_type sched_;
+  detail::path_choice choice_;  // auto_threshold: the measured pick per size class
+  bool last_native_ = false;
   std::thread worker_;
   std::atomic<bool> in_flight_{false};  // between start() and wait(); written under busy_
   std::exception_ptr failure_;

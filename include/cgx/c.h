@@ -81,8 +81,10 @@
 #endif
 
 /** The revision of this interface: 2 added cgx_allreduce_free, cgx_error_bounded_free,
- * CGX_INIT_FAILED and the noexcept declarations (undefined before). */
-#define CGX_C_API_VERSION 2
+ * CGX_INIT_FAILED and the noexcept declarations (undefined before); 3 the measured
+ * choice's cgx_path, cgx_allreduce_path, cgx_error_bounded_path, CGX_STATIC_THRESHOLD
+ * and CGX_ALWAYS_NATIVE (CGX_AUTO_THRESHOLD now measures). */
+#define CGX_C_API_VERSION 3
 
 #ifdef __cplusplus
 extern "C" {
@@ -119,8 +121,16 @@ typedef enum cgx_checking { CGX_CHECK_AUTOMATIC = 0, CGX_CHECK_LOCAL = 1, CGX_CH
 #define CGX_BUCKET_DEFAULT ((size_t)1024)
 /** The other compiled bucket (finer scales, more metadata). */
 #define CGX_BUCKET_SMALL ((size_t)128)
-/** native_below_bytes: let the plan pick its threshold (cgx::auto_threshold). */
+/** native_below_bytes: choose per size class of call between the compressed schedule and
+ * MPI_Allreduce by timing both on the plan's own calls, agreed across ranks and re-checked
+ * now and then (cgx::auto_threshold; the default; see cgx_allreduce_path). */
 #define CGX_AUTO_THRESHOLD ((size_t)-1)
+/** native_below_bytes: a fixed threshold picked at create from where the ranks are (16 MiB
+ * on one node, 64 KiB across nodes; error-bounded: every call on one node)
+ * (cgx::static_threshold). */
+#define CGX_STATIC_THRESHOLD ((size_t)-3)
+/** native_below_bytes: every call through MPI_Allreduce, exact (cgx::always_native). */
+#define CGX_ALWAYS_NATIVE ((size_t)-4)
 /** timeout_ms: the library's default wait limit (10 minutes, or CGX_TIMEOUT_MS, read by
  * the create; a malformed value makes it return CGX_ERR_INVALID_ARGUMENT). */
 #define CGX_DEFAULT_TIMEOUT ((int64_t)-1)
@@ -133,7 +143,7 @@ typedef struct cgx_options {
   cgx_checking check;        /**< argument checking; CGX_CHECK_AUTOMATIC */
   uint64_t seed;             /**< seed of stochastic rounding (ranks may differ) */
   int threads;               /**< host threads for (de)compression, per rank; 1 */
-  size_t native_below_bytes; /**< calls of fewer bytes go through MPI_Allreduce, exact; CGX_AUTO_THRESHOLD picks (16 MiB on one node, 64 KiB across nodes; error-bounded: every call on one node); 0: always compress */
+  size_t native_below_bytes; /**< calls of fewer bytes go through MPI_Allreduce, exact; CGX_AUTO_THRESHOLD (default): measured per size class; CGX_STATIC_THRESHOLD: 16 MiB on one node, 64 KiB across nodes (error-bounded: every call on one node); CGX_ALWAYS_NATIVE; 0: always compress */
   int64_t timeout_ms;        /**< the longest one wait may last, ms; 0: no limit; CGX_DEFAULT_TIMEOUT (CGX_INIT_FAILED: see the init functions) */
   int verify;                /**< nonzero: checksum every message (CRC-32C); every rank the same; 0 */
 } cgx_options;
@@ -160,7 +170,7 @@ typedef struct cgx_error_bounded_config {
 /** What the last call of a plan did, on this rank. */
 typedef struct cgx_stats {
   size_t count;            /**< values of the last call */
-  int native;              /**< 1: it went through MPI_Allreduce, uncompressed and exact (below native_below_bytes) */
+  int native;              /**< 1: it went through MPI_Allreduce, uncompressed and exact (below native_below_bytes, or the measured choice's pick) */
   uint32_t calls;          /**< compressed calls of the plan so far (native ones are not counted) */
   double seconds;          /**< wall time of the last call on this rank (run, or start to the end of wait) */
   size_t raw_bytes;        /**< count * sizeof(value) */
@@ -169,6 +179,18 @@ typedef struct cgx_stats {
   double bound;            /**< error-bounded: the bound asked for (absolute); max-min: 0 */
   double step_bound;       /**< error-bounded: the bound each quantization got; max-min: 0 */
 } cgx_stats;
+
+/** What a plan's measured choice (CGX_AUTO_THRESHOLD) knows of one size class of call
+ * (cgx::path_pick). With a fixed threshold: measured 1, and the threshold's pick. */
+typedef struct cgx_path {
+  int measured;              /**< 0 while the class is still probed (or never called) */
+  int compressed;            /**< the pick: 1 compressed schedule, 0 MPI_Allreduce */
+  double native_seconds;     /**< agreed (slowest rank's) time of MPI_Allreduce at the last decision */
+  double compressed_seconds; /**< the same for the compressed schedule */
+  uint32_t calls;            /**< calls made in the class */
+  uint32_t decisions;        /**< decisions taken (1 after probing, +1 per re-check) */
+  uint32_t flips;            /**< decisions that changed the pick */
+} cgx_path;
 
 /** A compressed allreduce plan (cgx::allreduce_plan behind it). */
 typedef struct cgx_allreduce_plan cgx_allreduce_plan;
@@ -229,6 +251,8 @@ CGX_C_API cgx_errc cgx_allreduce_wait(cgx_allreduce_plan* plan) CGX_C_NOEXCEPT;
 CGX_C_API cgx_errc cgx_allreduce_stats(const cgx_allreduce_plan* plan, cgx_stats* stats) CGX_C_NOEXCEPT;
 /** The threshold in use (see cgx_options::native_below_bytes). */
 CGX_C_API cgx_errc cgx_allreduce_native_below_bytes(const cgx_allreduce_plan* plan, size_t* bytes) CGX_C_NOEXCEPT;
+/** What the plan's choice knows of calls of `bytes` bytes (see cgx_path). */
+CGX_C_API cgx_errc cgx_allreduce_path(const cgx_allreduce_plan* plan, size_t bytes, cgx_path* path) CGX_C_NOEXCEPT;
 /** Frees *plan and sets *plan to NULL (MPI_Comm_free's convention); *plan NULL:
  * nothing to do, CGX_OK; `plan` itself NULL: CGX_ERR_INVALID_ARGUMENT. A reduction still
  * in flight is waited for first (its outcome is returned; the plan is freed either way).
@@ -251,6 +275,8 @@ CGX_C_API cgx_errc cgx_error_bounded_allreduce(cgx_error_bounded_plan* plan, voi
                                      double bound) CGX_C_NOEXCEPT;
 /** What the plan's last successful call did, on this rank (zeros before the first). */
 CGX_C_API cgx_errc cgx_error_bounded_stats(const cgx_error_bounded_plan* plan, cgx_stats* stats) CGX_C_NOEXCEPT;
+/** What the plan's choice knows of calls of `bytes` bytes (see cgx_path). */
+CGX_C_API cgx_errc cgx_error_bounded_path(const cgx_error_bounded_plan* plan, size_t bytes, cgx_path* path) CGX_C_NOEXCEPT;
 /** Frees *plan and sets *plan to NULL (as cgx_allreduce_free). */
 CGX_C_API cgx_errc cgx_error_bounded_free(cgx_error_bounded_plan** plan) CGX_C_NOEXCEPT;
 /** As cgx_error_bounded_free, by value (kept for source compatibility): the caller's

@@ -379,9 +379,11 @@ class device_plan_core {
 /// Below `native_below_bytes()` a call uses the transport's own uncompressed allreduce
 /// when it has one for T (MPI_Allreduce for float/double, ncclAllReduce); cuda_ipc has
 /// none and always runs the schedule. For plan_options::native_below_bytes =
-/// auto_threshold the plan picks default_native_below_bytes (64 KiB) on every device
+/// auto_threshold (and static_threshold) the plan picks default_native_below_bytes (64 KiB) on every device
 /// transport: none has single_node(), and the one-node pick of host plans (16 MiB) was
-/// measured for host buffers only. `plan_options::threads` is ignored.
+/// measured for host buffers only. (A device plan does not time its calls: they are
+/// stream-ordered, and the host plans' measured choice, detail::path_choice, would need
+/// events.) `plan_options::threads` is ignored.
 template <class T, class Q, class R, class X>
 class device_allreduce_plan
     : private detail::graph_counter_holder<comm::runtime_of<comm::device_transport_t<X>>>,  // after the core's transport

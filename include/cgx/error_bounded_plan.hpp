@@ -19,12 +19,14 @@
 /// Supported reducers: comm::scatter_reduce_allgather and comm::ring. comm::tree and
 /// comm::hierarchical are rejected at compile time. Transports: comm::mpi, comm::shm.
 ///
-/// On one node the plan hands every call to MPI_Allreduce by default (the threshold of
-/// plan_options::native_below_bytes = auto_threshold is then
-/// error_bounded_native_below_bytes_one_node): over shared memory the codec's compute
-/// costs more than the bytes it saves at any size. Across nodes it compresses from
-/// default_native_below_bytes (64 KiB), as the other plans do. An explicit threshold (0:
-/// always compress) is used as given.
+/// By default (plan_options::native_below_bytes = auto_threshold) the plan chooses per
+/// size class between its compressed schedule and MPI_Allreduce by timing both on its own
+/// calls, as allreduce_plan does (see path_for()); the data's compressibility counts too.
+/// With static_threshold it hands every call to MPI_Allreduce on one node
+/// (error_bounded_native_below_bytes_one_node: over shared memory the codec's compute
+/// cost more than the bytes it saved at every size measured) and compresses from
+/// default_native_below_bytes (64 KiB) across nodes. An explicit threshold (0: always
+/// compress) is used as given.
 
 #include <cmath>
 #include <concepts>
@@ -38,11 +40,12 @@
 
 #include "comm/error_bounded_schedules.hpp"
 #include "concepts.hpp"
+#include "detail/path_choice.hpp"
 #include "plan_common.hpp"
 
 namespace cgx {
 
-/// The native-allreduce threshold an error_bounded_plan picks (for auto_threshold) when
+/// The native-allreduce threshold an error_bounded_plan picks (for static_threshold) when
 /// all its ranks share one node: larger than any message, so every call goes to the
 /// transport's exact native allreduce (MPI_Allreduce). Over shared memory, 4 ranks,
 /// 4096 x 4096 floats, the error-bounded allreduce ran at 0.31-0.50x MPI_Allreduce's
@@ -148,14 +151,21 @@ class error_bounded_plan : public plan_core<X> {
     stats_ = {};
     stats_.bound = bound;
     stats_.step_bound = step_bound(bound, p);
-    if constexpr (requires { this->x_.native_allreduce(buf, n); }) {
-      if (n * sizeof(T) < native_below_) {
-        this->x_.native_allreduce(buf, n);
-        stats_.native = true;
-        return;
-      }
+    X& x = this->x_;
+    comm::error_bounded_traffic t{};
+    auto compressed = [&] { t = sched_.run(buf, n, x, this->ws_.data(), stats_.step_bound); };
+    if constexpr (has_native) {
+      auto native = [&] { x.native_allreduce(buf, n); };
+      const std::size_t bytes = n * sizeof(T);
+      if (native_below_ == auto_threshold)
+        stats_.native = !detail::run_chosen(choice_, x, bytes, native, compressed);
+      else if ((stats_.native = bytes < native_below_))
+        native();
+      else
+        compressed();
+    } else {
+      compressed();
     }
-    const comm::error_bounded_traffic t = sched_.run(buf, n, this->x_, this->ws_.data(), stats_.step_bound);
     stats_.bytes_sent = t.sent;
     stats_.raw_bytes = t.raw;
     claimed.finish();
@@ -165,22 +175,37 @@ class error_bounded_plan : public plan_core<X> {
   [[nodiscard]] const error_bounded_stats& last_stats() const noexcept { return stats_; }
 
   /// The native-allreduce threshold in use: plan_options::native_below_bytes, or the
-  /// plan's pick for auto_threshold (error_bounded_native_below_bytes_one_node when the
-  /// transport's single_node() is true, default_native_below_bytes otherwise).
+  /// plan's pick for static_threshold (error_bounded_native_below_bytes_one_node when the
+  /// transport's single_node() is true, default_native_below_bytes otherwise);
+  /// auto_threshold when the path is measured per size class (see path_for()).
   [[nodiscard]] std::size_t native_below_bytes() const noexcept { return native_below_; }
 
+  /// What the measured choice (auto_threshold) knows of calls of `bytes` bytes (see
+  /// allreduce_plan::path_for); with a fixed threshold, the pick it makes.
+  [[nodiscard]] path_pick path_for(std::size_t bytes) const noexcept {
+    if (native_below_ == auto_threshold) return choice_.pick_for(bytes);
+    path_pick p;
+    p.measured = true;
+    p.compressed = !(has_native && bytes < native_below_);
+    return p;
+  }
+
  private:
+  static constexpr bool has_native = requires(X& x, T* b, std::size_t n) { x.native_allreduce(b, n); };
+
   /// The threshold a plan over transport `x` uses when asked for `requested` bytes: as
   /// detail::resolve_native_below (the same question to the transport, collective where
   /// X has single_node()), but error_bounded_native_below_bytes_one_node on one node.
   static std::size_t resolve_native_below(X& x, std::size_t requested) {
     bool one_node = false;
     if constexpr (requires { { x.single_node() } -> std::convertible_to<bool>; }) one_node = x.single_node();
-    if (requested != auto_threshold) return requested;
+    if (requested == auto_threshold && has_native) return auto_threshold;
+    if (requested != auto_threshold && requested != static_threshold) return requested;
     return one_node ? error_bounded_native_below_bytes_one_node : default_native_below_bytes;
   }
 
   std::size_t native_below_;
+  detail::path_choice choice_;  // auto_threshold: the measured pick per size class
   schedule_type sched_;
   error_bounded_stats stats_;
 };

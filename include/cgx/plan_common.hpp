@@ -61,11 +61,26 @@ constexpr checking resolve(checking c) noexcept {
 #endif
 }
 
-/// `plan_options::native_below_bytes = auto_threshold` (the default): the plan picks the
+/// `plan_options::native_below_bytes = auto_threshold` (the default): a host plan whose
+/// transport has a native allreduce chooses, per size class of call (bytes rounded down
+/// to a power of two), the faster of its compressed schedule and the native allreduce by
+/// timing both on the caller's own calls and agreeing across ranks (the slowest rank's
+/// times decide), and re-checks now and then, so the choice follows the link and the
+/// load (detail::path_choice; docs/threshold.md). Calls under 4 KiB take the native
+/// path. Plans without that measurement (the device plans) take static_threshold's pick.
+inline constexpr std::size_t auto_threshold = std::numeric_limits<std::size_t>::max();
+
+/// `plan_options::native_below_bytes = static_threshold`: the plan picks a fixed
 /// threshold when it is constructed, from where its ranks are: default_native_below_bytes
 /// when they span several nodes, default_native_below_bytes_one_node when the transport
-/// says they all share one node (see `native_below_bytes`).
-inline constexpr std::size_t auto_threshold = std::numeric_limits<std::size_t>::max();
+/// says they all share one node (see `native_below_bytes`). (auto_threshold's meaning
+/// before the measured choice.)
+inline constexpr std::size_t static_threshold = std::numeric_limits<std::size_t>::max() - 2;
+
+/// `plan_options::native_below_bytes = always_native`: every call goes through the
+/// transport's native allreduce (uncompressed, exact) where it has one. (Any value above
+/// the largest call's bytes does the same.)
+inline constexpr std::size_t always_native = std::numeric_limits<std::size_t>::max() - 3;
 
 /// The threshold a plan picks when its ranks span several nodes, or when its transport
 /// cannot tell (it has no `single_node()`: the device transports): 64 KiB. Over TCP
@@ -91,15 +106,16 @@ struct plan_options {
   /// allreduce (MPI_Allreduce for comm::mpi) when it has one: below this size that is
   /// faster (latency, not bandwidth, decides; on one node, shared memory moves the bytes
   /// faster than compression saves them). comm::shm's is MPI_Allreduce too.
-  /// 0 disables the fallback (always compress); any other value is used as given, and
-  /// every rank must give the same.
-  /// The default, auto_threshold, lets the plan pick at construction:
+  /// 0 disables the fallback (always compress; always_native forces the native path);
+  /// any other value is used as given, and every rank must give the same.
+  /// The default, auto_threshold, chooses per size class by measuring both paths on the
+  /// plan's own calls (collectively, re-checked now and then; see auto_threshold and the
+  /// plan's path_for()). static_threshold picks a fixed threshold at construction:
   /// default_native_below_bytes_one_node (16 MiB) when the transport reports that all
   /// ranks share one node (`single_node()`: comm::mpi asks MPI or your `mpi::nodes`
   /// grouping, comm::shm always does), default_native_below_bytes (64 KiB) otherwise.
-  /// The plan's `native_below_bytes()` says what it picked. Measurements:
-  /// docs/threshold.md. Note that a network emulated on one host (all ranks on one
-  /// machine, talking TCP) looks like one node: set the threshold explicitly there.
+  /// The plan's `native_below_bytes()` says what it uses. Measurements:
+  /// docs/threshold.md.
   std::size_t native_below_bytes = auto_threshold;
   /// The longest one wait of a call may last for its peers, in milliseconds. Past it the
   /// waiting rank throws cgx::error(errc::timeout) naming the ranks it waited for, tells
@@ -225,10 +241,11 @@ void check_call(X& x, checking level, const char* who, bool null_buffer, std::si
 /// the ranks' sequence of collectives does not depend on an option they might disagree
 /// on (a disagreement is then reported by the plan's signature check, not a hang).
 template <class X>
-std::size_t resolve_native_below(X& x, std::size_t requested) {
+std::size_t resolve_native_below(X& x, std::size_t requested, bool measured = false) {
   bool one_node = false;
   if constexpr (requires { { x.single_node() } -> std::convertible_to<bool>; }) one_node = x.single_node();
-  if (requested != auto_threshold) return requested;
+  if (requested == auto_threshold && measured) return auto_threshold;
+  if (requested != auto_threshold && requested != static_threshold) return requested;
   return one_node ? default_native_below_bytes_one_node : default_native_below_bytes;
 }
 

@@ -40,6 +40,8 @@ module cgx
   integer(c_size_t), parameter, public :: CGX_BUCKET_DEFAULT = 1024_c_size_t, CGX_BUCKET_SMALL = 128_c_size_t
   ! CGX_AUTO_THRESHOLD is SIZE_MAX: -1 in Fortran's signed c_size_t.
   integer(c_size_t), parameter, public :: CGX_AUTO_THRESHOLD = -1_c_size_t
+  ! CGX_STATIC_THRESHOLD (SIZE_MAX - 2) and CGX_ALWAYS_NATIVE (SIZE_MAX - 3), likewise.
+  integer(c_size_t), parameter, public :: CGX_STATIC_THRESHOLD = -3_c_size_t, CGX_ALWAYS_NATIVE = -4_c_size_t
   integer(c_int64_t), parameter, public :: CGX_DEFAULT_TIMEOUT = -1_c_int64_t
   ! CGX_INIT_FAILED is INT64_MIN (written so, as -huge - 1, to stay a constant expression).
   integer(c_int64_t), parameter, public :: CGX_INIT_FAILED = -huge(0_c_int64_t) - 1_c_int64_t

@@ -343,6 +343,58 @@ TEST_CASE("the native path below the threshold: stats say so, the sum is exact")
   CHECK(cgx_allreduce_destroy(plan) == CGX_OK);
 }
 
+TEST_CASE("the default measures: cgx_allreduce_path says what it picked; CGX_ALWAYS_NATIVE forces MPI_Allreduce") {
+  const int r = world_rank(), p = world_size();
+  auto c = config();
+  c.options.native_below_bytes = CGX_AUTO_THRESHOLD;
+  c.max_count = 1 << 14;
+  cgx_allreduce_plan* plan = nullptr;
+  REQUIRE(cgx_allreduce_create(MPI_COMM_WORLD, &c, &plan) == CGX_OK);
+  std::size_t below = 0;
+  REQUIRE(cgx_allreduce_native_below_bytes(plan, &below) == CGX_OK);
+  CHECK(below == CGX_AUTO_THRESHOLD);
+  const std::size_t n = 1 << 14;  // 64 KiB
+  cgx_path path;
+  REQUIRE(cgx_allreduce_path(plan, n * sizeof(float), &path) == CGX_OK);
+  CHECK(path.measured == 0);
+  std::vector<int> natives;
+  for (int i = 0; i < 10; ++i) {
+    auto v = ramp(n, r);
+    REQUIRE(cgx_allreduce(plan, v.data(), n, CGX_FLOAT) == CGX_OK);
+    cgx_stats st;
+    REQUIRE(cgx_allreduce_stats(plan, &st) == CGX_OK);
+    natives.push_back(st.native);
+    CHECK((st.compressed_bytes == 0) == (st.native == 1));
+  }
+  CHECK(natives[0] == 1);  // probing: native first, then compressed
+  CHECK(natives[1] == 0);
+  REQUIRE(cgx_allreduce_path(plan, n * sizeof(float), &path) == CGX_OK);
+  CHECK(path.measured == 1);
+  CHECK(path.calls == 10);
+  CHECK(path.decisions == 1);
+  CHECK(path.native_seconds > 0);
+  CHECK(path.compressed_seconds > 0);
+  CHECK(natives[9] == (path.compressed ? 0 : 1));  // after the 8 probing calls: the pick
+  CHECK(cgx_allreduce_path(plan, 64, nullptr) == CGX_ERR_INVALID_ARGUMENT);
+  CHECK(cgx_allreduce_path(nullptr, 64, &path) == CGX_ERR_INVALID_ARGUMENT);
+  CHECK(cgx_allreduce_free(&plan) == CGX_OK);
+
+  c.options.native_below_bytes = CGX_ALWAYS_NATIVE;
+  REQUIRE(cgx_allreduce_create(MPI_COMM_WORLD, &c, &plan) == CGX_OK);
+  auto v = ramp(n, r);
+  REQUIRE(cgx_allreduce(plan, v.data(), n, CGX_FLOAT) == CGX_OK);
+  cgx_stats st;
+  REQUIRE(cgx_allreduce_stats(plan, &st) == CGX_OK);
+  CHECK(st.native == 1);
+  float want = 0;
+  for (int k = 0; k < p; ++k) want += ramp(n, k)[7];
+  CHECK(v[7] == want);
+  REQUIRE(cgx_allreduce_path(plan, n * sizeof(float), &path) == CGX_OK);
+  CHECK(path.measured == 1);
+  CHECK(path.compressed == 0);
+  CHECK(cgx_allreduce_free(&plan) == CGX_OK);
+}
+
 TEST_CASE("error-bounded: refusals keep the buffer, the bound holds, stats") {
   const int r = world_rank(), p = world_size();
   cgx_error_bounded_config c;

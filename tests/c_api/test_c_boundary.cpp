@@ -31,6 +31,12 @@
 #else
 #define CGX_TEST_V2 0
 #endif
+// Revision 3 added the measured choice's cgx_*_path.
+#if defined(CGX_C_API_VERSION) && CGX_C_API_VERSION >= 3
+#define CGX_TEST_V3 1
+#else
+#define CGX_TEST_V3 0
+#endif
 
 namespace {
 
@@ -221,6 +227,12 @@ TEST_CASE("malformed CGX_TIMEOUT_MS and an explicit timeout_ms: the variable is 
   std::size_t below = 1;
   CHECK(CALL(cgx_allreduce_native_below_bytes, plan, &below) == CGX_OK);
   CHECK(below == 0);
+#if CGX_TEST_V3
+  cgx_path path;
+  CHECK(CALL(cgx_allreduce_path, plan, 3000 * sizeof(float), &path) == CGX_OK);
+  CHECK(path.measured == 1);  // a fixed threshold (0): nothing to measure
+  CHECK(path.compressed == 1);
+#endif
   CHECK(CALL(cgx_allreduce_destroy, plan) == CGX_OK);
   plan = nullptr;
   REQUIRE(CALL(cgx_allreduce_create_f, world_f(), &c, &plan) == CGX_OK);
@@ -243,6 +255,12 @@ TEST_CASE("malformed CGX_TIMEOUT_MS and an explicit timeout_ms: the variable is 
   CHECK(std::abs(d[7] - 0.25 * p * (p + 1)) <= 1e-3);
   CHECK(CALL(cgx_error_bounded_stats, eplan, &st) == CGX_OK);
   CHECK(st.count == 3000);
+#if CGX_TEST_V3
+  CHECK(CALL(cgx_error_bounded_path, eplan, 3000 * sizeof(double), &path) == CGX_OK);
+  CHECK(path.compressed == 1);
+  CHECK(CALL(cgx_error_bounded_path, eplan, 64, nullptr) == CGX_ERR_INVALID_ARGUMENT);
+  CHECK(contains(last(), "cgx_error_bounded_path"));
+#endif
   CHECK(CALL(cgx_error_bounded_destroy, eplan) == CGX_OK);
   eplan = nullptr;
   REQUIRE(CALL(cgx_error_bounded_create_f, world_f(), &e, &eplan) == CGX_OK);
