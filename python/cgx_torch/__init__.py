@@ -20,13 +20,14 @@ exactly by MPI. See docs/pytorch.md.
 """
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from ._C import PlanConfig, Plan, build_info, device_plans_compiled, mpi_compiled
+from ._C import PathChoice, PlanConfig, Plan, build_info, device_plans_compiled, mpi_compiled
 from ._core import (COMPRESSED_DTYPES, EXACT_DTYPES, SUPPORTED_DTYPES, AdaptiveOptions, CGXError, MismatchError, Settings, allreduce_, free_plans,
                     make_settings)
 from .ddp import CGXState, bucket_layers, cgx_hook, init_process_group_from_mpi
 from . import backend
 
 backend.register()  # dist.init_process_group("cgx") (torch >= 2.x; installed: registered by torch itself)
+path_stats = backend.path_stats  # what a `cgx` group's measured choice picked (CGXState.path_stats: the hook's)
 
 
 def __getattr__(name):
@@ -40,7 +41,8 @@ def __getattr__(name):
 __version__ = "0.1.0"
 
 __all__ = [
-    "AdaptiveOptions", "COMPRESSED_DTYPES", "CGXError", "EXACT_DTYPES", "CGXState", "MismatchError", "Plan", "PlanConfig", "SUPPORTED_DTYPES",
+    "AdaptiveOptions", "COMPRESSED_DTYPES", "CGXError", "EXACT_DTYPES", "CGXState", "MismatchError", "PathChoice", "Plan",
+    "PlanConfig", "SUPPORTED_DTYPES", "path_stats",
     "Settings", "allreduce_", "bucket_layers", "build_info", "cgx_hook", "device_plans_compiled", "free_plans",
     "init_process_group_from_mpi", "make_settings", "mpi_compiled",
 ]

@@ -4,6 +4,7 @@ import hashlib
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -190,6 +191,105 @@ class Worker:
         self.t.join()
 
 
+#: How the `cgx` backend and the DDP hook send an eligible call: "auto" (the measured
+#: choice, MeasuredPath), "compressed" (always cgx's plan: the fixed min_compressed rule
+#: inside it) or "exact" (always the group's exact allreduce).
+PATHS = ("auto", "compressed", "exact")
+
+
+def check_path(path, what="path"):
+    """path, lower-cased, if it is one of PATHS (ValueError otherwise)."""
+    p = path.strip().lower() if isinstance(path, str) else path
+    if p not in PATHS:
+        raise ValueError(f"cgx_torch: {what} must be one of {', '.join(PATHS)} (got {path!r})")
+    return p
+
+
+class MeasuredPath:
+    """The measured choice between cgx's compressed path and the exact one for the calls
+    of one group (the `cgx` backend's, a CGXState's): cgx's own algorithm,
+    cgx::detail::path_choice (include/cgx/detail/path_choice.hpp, bound as _C.PathChoice),
+    one per kind of call (``kind``: dtype, settings, operation). Per size class of call
+    (bytes rounded down to a power of two; calls under 4096 bytes always exact) the first
+    PathChoice.probe_calls (8) calls alternate exact and compressed (the first pair warms
+    both up), then the ranks
+    agree (the slowest rank's time of each path counts: ``agree``, a collective MAX of two
+    integers) and keep the faster path; every 16 to 256 calls two calls take the other
+    path and the ranks agree again. Which path a call takes depends only on the number of
+    calls of its class before it and on agreed decisions, so every rank takes the same path
+    on every call. ``agree(list of 2 ints) -> list of 2 ints`` must be collective on the
+    thread that runs the calls, in their order."""
+
+    def __init__(self, agree):
+        self.agree = agree
+        self._choices = {}  # kind -> _C.PathChoice
+        self._seen = {}  # kind -> {size class: bytes of its latest call}
+        self.compressed = 0  # calls that took the compressed path
+        self.exact = 0  # calls that took the exact path
+        self.log = None  # a list to append (kind, bytes, compressed) to, per call (tests)
+
+    def run(self, kind, nbytes, compressed, exact):
+        """Runs compressed() or exact(), the one the choice picks for a call of `nbytes`
+        bytes of `kind`, times it and records it (agreeing at decision points). Returns
+        True if it took the compressed path."""
+        c = self._choices.get(kind)
+        if c is None:
+            if len(self._choices) >= 64:  # kinds that come and go: keep it bounded
+                old = next(iter(self._choices))
+                del self._choices[old]
+                self._seen.pop(old, None)
+            c = self._choices[kind] = _C.PathChoice()
+        comp = c.compress_next(nbytes)
+        timed = c.times_next(nbytes)  # as cgx::detail::run_chosen: most decided calls read no clock
+        t0 = time.perf_counter_ns() if timed else 0
+        if comp:
+            compressed()
+        else:
+            exact()
+        c.record(nbytes, comp, time.perf_counter_ns() - t0 if timed else 0, self.agree)
+        if comp:
+            self.compressed += 1
+        else:
+            self.exact += 1
+        if nbytes >= _C.PathChoice.measured_floor_bytes:
+            self._seen.setdefault(kind, {})[_C.PathChoice.size_class(nbytes)] = nbytes
+        if self.log is not None:
+            self.log.append((kind, nbytes, comp))
+        return comp
+
+    def picks(self):
+        """What was picked: a list of dicts, one per (kind, size class) measured so far:
+        kind (repr), size_class (floor(log2(bytes))), bytes (of its latest call), and
+        PathChoice.pick_for's measured, compressed, native_s, compressed_s (the agreed,
+        slowest rank's times, seconds), calls, decisions, flips."""
+        out = []
+        for kind, classes in self._seen.items():
+            c = self._choices.get(kind)
+            if c is None:
+                continue
+            for cls, nbytes in sorted(classes.items()):
+                out.append({"kind": repr(kind), "size_class": cls, "bytes": nbytes, **c.pick_for(nbytes)})
+        return out
+
+    def stats(self):
+        """{"compressed": calls, "exact": calls, "picks": picks()}."""
+        return {"compressed": self.compressed, "exact": self.exact, "picks": self.picks()}
+
+
+def gloo_max_agree(pg):
+    """An ``agree`` for MeasuredPath over gloo backend/group pg: the elementwise MAX of a
+    list of ints over the ranks (an int64 allreduce, waited for)."""
+
+    def agree(v):
+        t = torch.tensor(list(v), dtype=torch.int64)
+        o = dist.AllreduceOptions()
+        o.reduceOp = dist.ReduceOp.MAX
+        pg.allreduce([t], o).wait()
+        return t.tolist()
+
+    return agree
+
+
 def comm_handle(comm):
     """(comm, Fortran handle) for an mpi4py communicator; None means MPI.COMM_WORLD."""
     if comm is None:
@@ -327,6 +427,57 @@ class TorchGroup:
     def threads_ok(self):
         """gloo's operations may come from a background thread."""
         return True
+
+
+class PrivateGroup(TorchGroup):
+    """The same ranks as TorchGroup `parent`, over a gloo backend of their own (made over
+    the parent's Store under `key`, which must be the same on every rank): plans, checks
+    and exact sums that run on a background thread while the parent group is used by
+    others (DDP's own collectives on its group: find_unused_parameters' map, buffers),
+    so that their collectives never interleave differently on different ranks.
+    Construction is collective (gloo's rendezvous)."""
+
+    def __init__(self, parent, key):
+        import datetime
+
+        store = _group_store(parent.pg)
+        if store is None:
+            raise CGXError("cgx_torch: this torch hides the process group's Store (needed for cgx's own gloo "
+                           "connections)")
+        self.timeout_ms = parent.timeout_ms
+        self.size, self.rank = parent.size, parent.rank
+        self._store = prefixed = dist.PrefixStore(key, store)
+        self.pg = dist.ProcessGroupGloo(prefixed, self.rank, self.size,
+                                        datetime.timedelta(milliseconds=self.timeout_ms))
+        self.channel = _C.Channel(self.pg, prefixed, self.timeout_ms, "failure")
+        self.key = ("private", key, id(self))
+        self._exact_pg = None
+
+    def exact_pg(self):
+        """The gloo backend of the exact sums: a second one, made at the first exact sum
+        (collective; every rank reaches it at the same call), so that the big exact
+        allreduces never share connections (and their socket buffers) with the plans'
+        messages."""
+        if self._exact_pg is None:
+            import datetime
+
+            self._exact_pg = dist.ProcessGroupGloo(dist.PrefixStore("exact", self._store), self.rank, self.size,
+                                                   datetime.timedelta(milliseconds=self.timeout_ms))
+        return self._exact_pg
+
+    def allreduce_(self, t, op):
+        """Allreduce of t in place with op on this group's exact gloo (waited for)."""
+        o = dist.AllreduceOptions()
+        o.reduceOp = op
+        self.exact_pg().allreduce([t], o).wait()
+        return t
+
+    def exact_allreduce_(self, t):
+        """Sums t in place on this group's gloo (exact; bool: logical or)."""
+        if t.dtype == torch.bool:
+            u = t.to(torch.uint8)
+            return t.copy_(self.allreduce_(u, dist.ReduceOp.MAX).bool())
+        return self.allreduce_(t, dist.ReduceOp.SUM)
 
 
 _groups = {}

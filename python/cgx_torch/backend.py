@@ -28,8 +28,25 @@ them (``configure()`` overrides them):
   ``import torch_cgx``: 32, as torch_cgx's);
 - ``CGX_COMPRESSION_BUCKET_SIZE``: 64, 128, 512, 1024 or 2048; default the width's
   measured one (1-2 bits 128, 3-8 bits 1024), as the hook's;
-- ``CGX_COMPRESSION_MINIMAL_SIZE``: tensors with fewer values go uncompressed; default
-  1024 (``import torch_cgx``: 16, and never below 16, as torch_cgx's);
+- ``CGX_PATH``: ``auto`` (the default), ``compressed`` or ``exact``: how an eligible call
+  (an ``all_reduce`` or ``reduce_scatter_tensor`` above) is sent. ``auto``, the measured
+  choice: per size class of call (its bytes rounded down to a power of two) the worker
+  times the compressed path and the exact one (gloo's allreduce on the worker's own gloo
+  backend, in issue order) on the script's own calls, the ranks agree (the slowest rank's
+  time of each path decides) and the faster path is kept, re-checked every 16 to 256
+  calls (two calls on the other path); calls under 4096 bytes go exact. It is cgx's own
+  algorithm (``cgx::detail::path_choice``, docs/threshold.md): every rank takes the same
+  path on every call. On a fast link (loopback, shared memory) it keeps a job as fast as
+  gloo; on a slow one it compresses. ``compressed``: always cgx's plan (tensors under
+  ``CGX_COMPRESSION_MINIMAL_SIZE`` values uncompressed inside it); ``exact``: always
+  gloo's exact allreduce, on the worker. What was picked: ``path_stats()`` and the
+  ``CGX_TORCH_REPORT`` line;
+- ``CGX_COMPRESSION_MINIMAL_SIZE``: tensors with fewer values go uncompressed inside the
+  plan; default 1024 (``import torch_cgx``: 16, and never below 16, as torch_cgx's).
+  Setting it (an integer; ``configure(min_compressed=n)``) keeps the fixed rule: the
+  path is then ``compressed`` unless ``CGX_PATH`` says otherwise; ``auto`` (or unset) is
+  the measured choice. ``import torch_cgx`` keeps the fixed rule too (torch_cgx's
+  semantics) unless ``CGX_PATH`` is set;
 - ``CGX_COMPRESSION_ROUNDING`` (stochastic or nearest; default the width's: 1-2 bits
   nearest, 3-8 stochastic) and ``CGX_COMPRESSION_SEED``: cgx's own.
 
@@ -68,6 +85,7 @@ _ENV = {
     "min_compressed": "CGX_COMPRESSION_MINIMAL_SIZE",
     "rounding": "CGX_COMPRESSION_ROUNDING",
     "seed": "CGX_COMPRESSION_SEED",
+    "path": "CGX_PATH",
 }
 
 # torch_cgx's variables that choose how bytes travel, not what is computed: the values it
@@ -114,11 +132,15 @@ def use_defaults(profile):
 
 def configure(**settings):
     """Overrides the environment's settings for every later call of the `cgx` backend:
-    bits, bucket, min_compressed, rounding, seed (see cgx_torch.make_settings)."""
+    bits, bucket, min_compressed (an int: the fixed rule; "auto": the measured choice),
+    rounding, seed (see cgx_torch.make_settings), path ("auto", "compressed", "exact":
+    see CGX_PATH in the module comment)."""
     unknown = set(settings) - set(_ENV)
     if unknown:
         raise TypeError(f"cgx_torch.backend.configure: unknown settings {sorted(unknown)} (known: {sorted(_ENV)})")
-    _resolve({**_env_settings(), **settings})  # checks them now
+    given = {**_env_settings(), **settings}
+    _resolve(given)  # checks them now
+    _path_of(given)
     _overrides.update(settings)
     _settings_cache.clear()
 
@@ -136,7 +158,7 @@ def _env_settings():
         v = os.environ.get(var)
         if v is None or v.strip() == "":
             continue
-        if key == "rounding":
+        if key in ("rounding", "path") or (key == "min_compressed" and v.strip().lower() == "auto"):
             out[key] = v.strip().lower()
             continue
         try:
@@ -179,26 +201,82 @@ def _resolve(given):
     bits = given.get("bits", d["bits"])
     bucket = given.get("bucket", _core.default_bucket(bits))
     rounding = given.get("rounding", _core.default_rounding(bits))
-    min_compressed = max(given.get("min_compressed", d["min_compressed"]), d["min_floor"])
+    mc = given.get("min_compressed", "auto")
+    min_compressed = max(d["min_compressed"] if mc == "auto" else mc, d["min_floor"])
     extra = {"seed": given["seed"]} if "seed" in given else {}
     return _core.make_settings(bits=bits, bucket=bucket, rounding=rounding, min_compressed=min_compressed, **extra)
+
+
+def _path_of(given):
+    """The path of eligible calls (see CGX_PATH): given "path", else "auto" unless a
+    min_compressed is given as a number or the profile is torch_cgx's (the fixed rule:
+    "compressed")."""
+    p = given.get("path")
+    if p is not None:
+        return _core.check_path(p, "CGX_PATH")
+    mc = given.get("min_compressed")
+    if isinstance(mc, str):
+        if mc.strip().lower() != "auto":
+            raise ValueError(f"cgx_torch: min_compressed must be an int >= 0 or 'auto' (got {mc!r})")
+        return "auto"
+    return "compressed" if mc is not None or _profile == "torch_cgx" else "auto"
 
 
 _settings_cache = {}
 
 
+def _settings_and_path():
+    """(settings, path) of a `cgx` call issued now (read from the environment each time;
+    ValueError for a value the plans do not take)."""
+    key = (_profile, tuple(os.environ.get(v) for v in _ENV.values()), tuple(sorted(_overrides.items())))
+    sp = _settings_cache.get(key)
+    if sp is None:
+        _answer_travel_variables()
+        given = {**_env_settings(), **_overrides}
+        sp = (_resolve(given), _path_of(given))
+        if len(_settings_cache) > 64:
+            _settings_cache.clear()
+        _settings_cache[key] = sp
+    return sp
+
+
 def settings():
     """The settings a `cgx` call issued now uses (read from the environment each time;
     ValueError for a value the plans do not take)."""
-    key = (_profile, tuple(os.environ.get(v) for v in _ENV.values()), tuple(sorted(_overrides.items())))
-    s = _settings_cache.get(key)
-    if s is None:
-        _answer_travel_variables()
-        s = _resolve({**_env_settings(), **_overrides})
-        if len(_settings_cache) > 64:
-            _settings_cache.clear()
-        _settings_cache[key] = s
-    return s
+    return _settings_and_path()[0]
+
+
+def path():
+    """The path an eligible `cgx` call issued now takes: "auto" (measured), "compressed"
+    or "exact" (see CGX_PATH in the module comment)."""
+    return _settings_and_path()[1]
+
+
+def _backend_of(group):
+    """The CGXBackend of group (None: the default group), or None when it has none."""
+    if _C10dBackend is None:  # torch 1.13: no `cgx` backend
+        return None
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    try:
+        b = pg._get_backend(torch.device("cpu"))
+    except (RuntimeError, AttributeError):
+        return None
+    return b if isinstance(b, CGXBackend) else None
+
+
+def path_stats(group=None):
+    """What the `cgx` group `group` (default: the default group) sent each way: a dict of
+    compressed (calls that took cgx's compressed path), exact (calls that took gloo's
+    exact allreduce on the worker: the measured choice's or CGX_PATH=exact's) and picks
+    (one dict per kind of call and size class the measured choice has seen: kind,
+    size_class, bytes, measured, compressed (the pick), native_s and compressed_s (the
+    agreed times at the last decision), calls, decisions, flips). Local (this rank's
+    view; the picks are the same on every rank). Calls still queued on the worker are not
+    counted yet: wait() for them first. ValueError if the group is not a `cgx` group."""
+    b = _backend_of(group)
+    if b is None:
+        raise ValueError("cgx_torch: path_stats: not a `cgx` process group")
+    return b.path_stats()
 
 
 _backends = weakref.WeakSet()
@@ -206,15 +284,17 @@ _backends = weakref.WeakSet()
 
 def _report(b):
     """With CGX_TORCH_REPORT=PATH: appends one JSON line about backend b (its rank, size,
-    compressed calls issued, plans built) to PATH.<pid>, once (at destroy_process_group or
-    at exit): how a launcher or a test sees that a script really went through cgx."""
-    path = os.environ.get("CGX_TORCH_REPORT")
-    if not path or getattr(b, "_reported", True):
+    calls handed to cgx, plans built, settings, path, and path_stats(): the calls that
+    took each path and the measured choice's picks) to PATH.<pid>, once (at
+    destroy_process_group or at exit): how a launcher or a test sees that a script really
+    went through cgx, and which way its calls went."""
+    out = os.environ.get("CGX_TORCH_REPORT")
+    if not out or getattr(b, "_reported", True):
         return
     b._reported = True
     line = {"rank": b._rank, "size": b._size, "compressed_calls": b.calls, "plans": b.plans_built,
-            "settings": repr(settings())}
-    with open(f"{path}.{os.getpid()}", "a") as f:
+            "settings": repr(settings()), "path": path(), "paths": b.path_stats()}
+    with open(f"{out}.{os.getpid()}", "a") as f:
         f.write(json.dumps(line) + "\n")
 
 
@@ -317,6 +397,8 @@ if _C10dBackend is not None:
             self._timeout = timeout
             # exact calls: gloo as it is; compressed calls: their own gloo (own Store prefix)
             self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+            self._store = store
+            self._exact_worker_gloo = None  # the worker's exact sums (made at the first: _exact_gloo)
             self._cgx_store = dist.PrefixStore("cgx", store)
             self._cgx_gloo = dist.ProcessGroupGloo(self._cgx_store, rank, size, timeout)
             self._group = _BackendGroup(self._cgx_gloo, self._cgx_store, timeout)
@@ -326,8 +408,11 @@ if _C10dBackend is not None:
             self._agree_gloo = dist.ProcessGroupGloo(dist.PrefixStore("cgx-agree", store), rank, size, timeout)
             self._hashes = {}
             self._plans = {}
+            # the measured choice (CGX_PATH=auto): run, timed and agreed on the worker,
+            # over the worker's gloo (its exact path and its decisions in issue order)
+            self._paths = _core.MeasuredPath(_core.gloo_max_agree(self._cgx_gloo))
             self._worker = _core.Worker(f"cgx_torch-backend-r{rank}")
-            self.calls = 0  # compressed calls issued (bits > 0)
+            self.calls = 0  # calls handed to cgx (bits > 0): compressed, measured or CGX_PATH=exact
             self.plans_built = 0
             self._reported = False
             _backends.add(self)
@@ -346,6 +431,10 @@ if _C10dBackend is not None:
 
         def abort(self):
             self.shutdown()
+
+        def path_stats(self):
+            """See cgx_torch.backend.path_stats (this group's)."""
+            return self._paths.stats()
 
         # The compressed ops.
         @staticmethod
@@ -386,15 +475,50 @@ if _C10dBackend is not None:
             _core.judge(keys, int(v[0]) == -int(v[1]), bool(v[2]), problem, peer="'s `cgx` settings are invalid")
 
         def _call_settings(self, key_of):
-            """(settings, agreement ticket) of a compressed call whose keys key_of(settings)
-            gives: the settings read now; where the environment's are invalid, this rank
-            still takes part in the agreement (its peers must not wait for it until the
-            group's timeout) and its Work raises the error."""
+            """(settings, path, agreement ticket) of a compressed call whose keys
+            key_of(settings) gives (the path agreed with them): the settings read now;
+            where the environment's are invalid, this rank still takes part in the
+            agreement (its peers must not wait for it until the group's timeout) and its
+            Work raises the error."""
             try:
-                s = settings()
+                s, pth = _settings_and_path()
             except (TypeError, ValueError) as e:
-                return None, self._propose(("invalid settings",), e)
-            return s, self._propose(key_of(s))
+                return None, None, self._propose(("invalid settings",), e)
+            return s, pth, self._propose((key_of(s), pth))
+
+        def _chosen(self, pth, kind, nbytes, compressed, exact):
+            """Runs compressed() or exact() as path pth says (worker): "auto" through the
+            measured choice, else the one named (counted in path_stats)."""
+            if pth == "auto":
+                return self._paths.run(kind, nbytes, compressed, exact)
+            comp = pth == "compressed"
+            if comp:
+                compressed()
+                self._paths.compressed += 1
+            else:
+                exact()
+                self._paths.exact += 1
+            return comp
+
+        def _exact_gloo(self):
+            """The gloo backend of the worker's exact sums (CGX_PATH=exact, the measured
+            choice's exact path, bits 0), made at the first (on the worker, where every rank
+            reaches it at the same call: collective). Not the compressed calls' gloo: big
+            exact allreduces on the plans' connections slowed the plans' later messages
+            (3-4% of a DDP step at 1 Gbit/s: their sockets' buffers)."""
+            if self._exact_worker_gloo is None:
+                self._exact_worker_gloo = dist.ProcessGroupGloo(dist.PrefixStore("cgx-exact", self._store), self._rank,
+                                                                self._size, self._timeout)
+            return self._exact_worker_gloo
+
+        def _worker_exact_allreduce(self, t, avg):
+            """gloo's exact sum (average) of t on the worker, in the worker's order."""
+            o = dist.AllreduceOptions()
+            o.reduceOp = dist.ReduceOp.SUM
+            self._exact_gloo().allreduce([t], o).wait()
+            if avg:
+                t.div_(self._size)
+            return t
 
         def _entry(self, t, scatter, s):
             """(plan, staging buffer or None) for t with settings s, built once per shape,
@@ -447,15 +571,16 @@ if _C10dBackend is not None:
                 # (bits 0): a rank whose environment says otherwise must meet an agreement,
                 # not an exact allreduce it would wait on until the group's timeout.
                 t, avg = tensors[0], _avg_of(op)
-                s, ticket = self._call_settings(lambda s: self._key(t, False, s))  # read now, at the call
+                s, pth, ticket = self._call_settings(lambda s: self._key(t, False, s))  # read now, at the call
                 self.calls += s is not None and s.bits != 0
 
                 def run():
                     self._settle(ticket)
                     if s.bits == 0:
-                        self._group.exact_allreduce_(t)  # gloo's exact sum, in the worker's order
-                        return [t.div_(self._size) if avg else t]
-                    return [self._reduce(t, avg, s)]
+                        return [self._worker_exact_allreduce(t, avg)]  # gloo's exact sum, in the worker's order
+                    self._chosen(pth, ("allreduce", str(t.dtype), t.device.type, s), t.numel() * t.element_size(),
+                                 lambda: self._reduce(t, avg, s), lambda: self._worker_exact_allreduce(t, avg))
+                    return [t]
 
                 return self._submit(run, t.device.type)
             return self._exact_allreduce(tensors, op, opts)
@@ -498,15 +623,14 @@ if _C10dBackend is not None:
                                      f"({i.dtype}, {i.device}) differ")
             if inputs and len(outputs) == len(inputs) and all(self._compressible(i, op) for i in inputs):
                 # agreed and run on the worker at bits 0 too (see allreduce)
-                s, ticket = self._call_settings(lambda s: tuple(self._key(i, True, s) for i in inputs))
+                s, pth, ticket = self._call_settings(lambda s: tuple(self._key(i, True, s) for i in inputs))
                 avg, rank = _avg_of(op), self._rank
                 self.calls += s is not None and s.bits != 0
 
-                def run():
-                    self._settle(ticket)
-                    if s.bits == 0:
-                        self._exact_reduce_scatter(outputs, inputs, op, self._cgx_gloo).wait()
-                        return outputs
+                def exact():
+                    self._exact_reduce_scatter(outputs, inputs, op, self._exact_gloo()).wait()
+
+                def compressed():
                     for o, i in zip(outputs, inputs):
                         plan, buf = self._entry(i, True, s)
                         work = buf.view(i.shape).copy_(i).view(-1)
@@ -516,6 +640,14 @@ if _C10dBackend is not None:
                         if avg:
                             shard.div_(p)
                         o.view(-1).copy_(shard)
+
+                def run():
+                    self._settle(ticket)
+                    if s.bits == 0:
+                        exact()
+                    else:
+                        self._chosen(pth, ("reduce_scatter", str(inputs[0].dtype), inputs[0].device.type, s),
+                                     sum(i.numel() * i.element_size() for i in inputs), compressed, exact)
                     return outputs
 
                 return self._submit(run, inputs[0].device.type)

@@ -1,5 +1,6 @@
 """The DDP communication hook: ``ddp_model.register_comm_hook(CGXState(...), cgx_hook)``."""
 import atexit
+import os
 import weakref
 
 import torch
@@ -8,6 +9,7 @@ import torch.distributed as dist
 from . import _core
 
 _states = weakref.WeakSet()
+_exact_serials = {}  # group name -> CGXStates made over it so far (the same count on every rank)
 
 
 def _bucket_buffer(bucket):
@@ -70,6 +72,25 @@ class CGXState:
     with; by default 0.5 at 1 and 2 bits (halved each step: better under Adam, where a
     whole residual sends small gradients in bursts), 1 (whole) at 3-8 bits.
     ``warmup_steps``: the first steps reduced uncompressed (exact), then ``bits``.
+
+    ``path`` says how a bucket travels: "auto", the measured choice (the default where
+    ``min_compressed`` is not given): per size class of bucket (its bytes rounded down to
+    a power of two) the hook times cgx's compressed plan and the exact allreduce (gloo's,
+    on a gloo backend of the state's own, on the thread that reduces the buckets, in
+    DDP's order) on the job's own buckets, the ranks agree (the slowest rank's time of
+    each path decides) and the faster path is kept, re-checked every 16 to 256 calls:
+    cgx's own algorithm (``cgx::detail::path_choice``, docs/threshold.md), the same path
+    on every rank for every bucket. Buckets under 4096 bytes go exact. On a fast link
+    (loopback, shared memory) it keeps DDP as fast as gloo's; on a slow one it compresses.
+    "compressed": every bucket through the plan (layers under ``min_compressed`` values
+    uncompressed inside it; giving ``min_compressed`` selects this, and so does
+    ``bits=0``: the uncompressed plan, as in the warm-up steps); "exact": every bucket by
+    the exact allreduce. Default: the environment's ``CGX_PATH`` when set, else
+    as said. Over an mpi4py communicator "auto" means "compressed" (the measured choice
+    needs a torch.distributed group). A bucket that takes the exact path leaves its plan
+    untouched (error-feedback residuals wait for the next compressed call, adaptive
+    statistics see compressed calls only; the same on every rank). What was picked:
+    ``path_stats()``.
     ``param_bits``: {parameter: bits} for parameters that get their own width (0:
     uncompressed), e.g. an LM's embeddings and output layer at low widths (a layer the
     defaults leave uncompressed stays so; under ``adaptive`` the widths are only the
@@ -100,9 +121,9 @@ class CGXState:
     the saved one.
     """
 
-    def __init__(self, comm=None, bits=4, *, bucket=None, rounding=None, min_compressed=1024,
+    def __init__(self, comm=None, bits=4, *, bucket=None, rounding=None, min_compressed=None,
                  error_feedback=None, adaptive=None, check="build", seed=0x63677821, threads=1, overlap=None,
-                 warmup_steps=0, param_bits=None, ef_decay=None):
+                 warmup_steps=0, param_bits=None, ef_decay=None, path=None):
         """See the class; raises ValueError/TypeError for bad settings or communicator."""
         self.param_bits = {}  # id(parameter) -> bits (0: uncompressed)
         for prm, b in (param_bits or {}).items():
@@ -114,7 +135,18 @@ class CGXState:
         self._param_refs = list((param_bits or {}).keys())  # keeps the ids valid
         self._ctor = dict(bits=bits, bucket=bucket, rounding=rounding, min_compressed=min_compressed,
                           error_feedback=error_feedback, adaptive=adaptive, check=check, seed=seed, threads=threads,
-                          overlap=overlap, warmup_steps=warmup_steps, ef_decay=ef_decay)
+                          overlap=overlap, warmup_steps=warmup_steps, ef_decay=ef_decay, path=path)
+        if path is None:
+            env = os.environ.get("CGX_PATH", "").strip()
+            if env:
+                path = _core.check_path(env, "CGX_PATH")
+            elif isinstance(min_compressed, str) and min_compressed.strip().lower() == "auto":
+                path = "auto"
+            else:  # bits 0: the uncompressed plan, as the warm-up's (nothing to measure against)
+                path = "auto" if min_compressed is None and bits != 0 else "compressed"
+        path = _core.check_path(path)
+        if min_compressed is None or (isinstance(min_compressed, str) and min_compressed.strip().lower() == "auto"):
+            min_compressed = 1024
         if bucket is None:
             bucket = default_bucket(bits)
         if rounding is None:
@@ -140,6 +172,23 @@ class CGXState:
         self._warm_plans = {}
         self.group = _core.group_of(comm)
         self.comm = self.group.comm if isinstance(self.group, _core.MPIGroup) else self.group.pg
+        if path == "auto" and not isinstance(self.group, _core.TorchGroup):
+            path = "compressed"  # the measured choice over torch.distributed groups only
+        self.path = path
+        # Over a torch.distributed group, everything the hook sends (its agreements, its
+        # plans, its exact path and the measured choice's decisions) goes over a gloo
+        # backend of this state's own, made at its first reduction on the thread that
+        # reduces (_core.PrivateGroup), never over DDP's group: the buckets are reduced on
+        # a background thread while DDP goes on using its group (find_unused_parameters'
+        # allreduce of its map of used parameters, during the backward pass), and two
+        # threads' collectives on one group interleave differently on different ranks.
+        self._private_key = None
+        if isinstance(self.group, _core.TorchGroup):
+            name = _core._group_name(self.group.pg)
+            n = _exact_serials.get(name, 0)  # every rank makes its states over a group in the same order
+            _exact_serials[name] = n + 1
+            self._private_key = f"cgx_torch/hook/{name}/{n}"
+        self._paths = _core.MeasuredPath(self._agree)
         multiple = self.group.threads_ok()
         if overlap and not multiple:
             raise ValueError("cgx_torch: overlap=True needs MPI initialized with MPI_THREAD_MULTIPLE "
@@ -187,6 +236,43 @@ class CGXState:
             plan.restore(pending[1])
             del self._pending[index]
 
+    def path_stats(self):
+        """What the buckets took: a dict of path (this state's: "auto", "compressed",
+        "exact"), compressed and exact (bucket reductions on each path) and picks (the
+        measured choice's, one dict per size class seen: size_class, bytes, measured,
+        compressed (the pick), native_s and compressed_s (the agreed, slowest rank's, times
+        at the last decision), calls, decisions, flips). The same on every rank."""
+        return {"path": self.path, **self._paths.stats()}
+
+    def _report(self):
+        """With CGX_TORCH_REPORT=PATH: appends one JSON line about this state (rank, size,
+        calls, settings and path_stats()) to PATH.<pid>, once, at free() (or at exit),
+        as the `cgx` backend does for its groups; nothing for a state that reduced nothing."""
+        import json
+
+        path = os.environ.get("CGX_TORCH_REPORT")
+        if not path or not self.calls or getattr(self, "_reported", False):
+            return
+        self._reported = True
+        line = {"hook": True, "rank": self.group.rank, "size": self.group.size, "calls": self.calls,
+                "settings": repr(self.settings), "paths": self.path_stats()}
+        with open(f"{path}.{os.getpid()}", "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    def _go_private(self):
+        """At the first reduction (every rank at the same one, on the thread that reduces):
+        moves this state onto its own gloo backend (see __init__; collective)."""
+        if self._private_key is not None and not isinstance(self.group, _core.PrivateGroup):
+            self.group = _core.PrivateGroup(self.group, self._private_key)
+
+    def _agree(self, v):
+        """The measured choice's agreement: the elementwise MAX of v over the ranks."""
+        return _core.gloo_max_agree(self.group.pg)(v)
+
+    def _exact_sum_(self, work):
+        """Sums work in place exactly (over a torch.distributed group: this state's own gloo)."""
+        return self.group.exact_allreduce_(work)
+
     def __getstate__(self):
         """Pickles the settings and state_dict(), not the communicator or the plans."""
         return {"ctor": self._ctor, "state": self.state_dict()}
@@ -226,7 +312,7 @@ class CGXState:
             problem = ValueError("cgx_torch: error feedback is implemented for CPU tensors only")
         if cached is not None and cached[0] == key:
             if settings.check == "call":
-                _core.agree(self.group, (index,) + key + (tuple(cached[1].settings()),), problem)
+                _core.agree(self.group, (index,) + key + (tuple(cached[1].settings()), self.path), problem)
             elif problem is not None:
                 raise problem
             return cached[1]
@@ -235,7 +321,9 @@ class CGXState:
         if index == 0:
             plans.clear()
         plans.pop(index, None)
-        _core.agree(self.group, (index,) + key + ((None,) if settings.check == "call" else ()), problem)
+        # (the path is agreed with the layout: ranks on different paths would wait for each other)
+        _core.agree(self.group, (index,) + key + ((None,) if settings.check == "call" else ()) + (self.path,),
+                    problem)
         plan = _core.new_plan(self.group, buf if work is None else work, layers, settings)
         if overrides is not None and any(b for b in overrides if b is not None):
             # the layers' own widths (every rank the same): set through the plan's snapshot
@@ -272,6 +360,7 @@ class CGXState:
         """Averages `buf` (bucket `index`, laid out as `layers`) over the ranks, in place:
         float32/float64 by its plan, float16/bfloat16 through a float32 copy, complex
         exactly (MPI)."""
+        self._go_private()
         if isinstance(buf, torch.Tensor) and buf.dtype in _core.EXACT_DTYPES:
             _core.agree(self.group, (index, "exact", str(buf.dtype), _core.device_key(buf), buf.numel(),
                                       self.settings), _core.tensor_problem(buf, True if self.group.stages_cuda else None))
@@ -285,8 +374,18 @@ class CGXState:
             self._warm_plans.clear()
         work = self._staged(index, buf) if isinstance(buf, torch.Tensor) else buf
         plan = self.plan_for(index, buf, layers, work, warm, overrides)
-        plan.run(work)
-        work.div_(plan.world)
+        if warm:
+            plan.run(work)
+        elif self.path == "auto":
+            self._paths.run((str(work.dtype), work.device.type), work.numel() * work.element_size(),
+                            lambda: plan.run(work), lambda: self._exact_sum_(work))
+        elif self.path == "compressed":
+            plan.run(work)
+            self._paths.compressed += 1
+        else:
+            self._exact_sum_(work)
+            self._paths.exact += 1
+        work.div_(self.group.size)
         self.calls += 1
         return _core.unstage(buf, work)
 
@@ -318,6 +417,7 @@ class CGXState:
         if self._worker is not None:
             self._worker.stop()
             self._worker = None
+        self._report()
         self.plans.clear()
         self._warm_plans.clear()
         self._staging.clear()

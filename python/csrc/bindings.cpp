@@ -33,6 +33,8 @@
 #include <vector>
 
 #include "plans.hpp"
+// the measured choice of the compressed path or the exact one (std headers only)
+#include "cgx/detail/path_choice.hpp"
 
 namespace py = pybind11;
 
@@ -599,6 +601,59 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("world", &py_plan::world, "Ranks in the plan's communicator.")
       .def_property_readonly("on_device", &py_plan::on_device, "Whether this is a device (CUDA) plan.")
       .def_property_readonly("dtype", &py_plan::dtype, "'float32' or 'float64'.");
+
+  // cgx::detail::path_choice itself (one algorithm for the C++ plans and cgx_torch's
+  // backend and hook): its schedule, its records and its agreement points.
+  using cgx::detail::path_choice;
+  py::class_<path_choice>(m, "PathChoice",
+                          "cgx's measured choice between the compressed path and the exact (native) one, per size "
+                          "class of call (bytes rounded down to a power of two; calls under measured_floor_bytes "
+                          "always exact): cgx::detail::path_choice (docs/threshold.md). Every rank must make the same "
+                          "calls in the same order.")
+      .def(py::init<>())
+      .def_readonly_static("measured_floor_bytes", &path_choice::measured_floor_bytes)
+      .def_readonly_static("probe_calls", &path_choice::probe_calls)
+      .def_readonly_static("first_interval", &path_choice::first_interval)
+      .def_readonly_static("max_interval", &path_choice::max_interval)
+      .def("compress_next", &path_choice::compress_next, py::arg("bytes"),
+           "True if the next call of `bytes` bytes takes the compressed path (changes nothing).")
+      .def("times_next", &path_choice::times_next, py::arg("bytes"),
+           "True if record() will use the time of the next call of `bytes` bytes (the others are only counted).")
+      .def(
+          "record",
+          [](path_choice& c, std::size_t bytes, bool compressed, std::int64_t ns, const py::object& agree) {
+            c.record(bytes, compressed, ns, [&agree](std::span<std::int64_t> v) {
+              py::list in;
+              for (auto x : v) in.append(x);
+              const auto out = agree(in).cast<std::vector<std::int64_t>>();
+              if (out.size() != v.size()) throw py::value_error("PathChoice: agree must return as many values");
+              std::copy(out.begin(), out.end(), v.begin());
+            });
+          },
+          py::arg("bytes"), py::arg("compressed"), py::arg("ns"), py::arg("agree"),
+          "Records a call of `bytes` that took `compressed` and lasted `ns` nanoseconds on this rank. At a decision "
+          "point calls agree([native_ns, compressed_ns]), which must return the elementwise maximum over the ranks "
+          "(a collective): collective at decision points only.")
+      .def(
+          "pick_for",
+          [](const path_choice& c, std::size_t bytes) {
+            const cgx::path_pick p = c.pick_for(bytes);
+            py::dict d;
+            d["measured"] = p.measured;
+            d["compressed"] = p.compressed;
+            d["native_s"] = p.native_s;
+            d["compressed_s"] = p.compressed_s;
+            d["calls"] = p.calls;
+            d["decisions"] = p.decisions;
+            d["flips"] = p.flips;
+            return d;
+          },
+          py::arg("bytes"),
+          "What is known of the size class of `bytes`: a dict of measured (False while probing), compressed (the "
+          "pick), native_s and compressed_s (the agreed, slowest rank's, times at the last decision), calls, "
+          "decisions and flips.")
+      .def_static("size_class", &path_choice::size_class, py::arg("bytes"),
+                  "The size class of a call of `bytes` bytes: floor(log2(bytes)).");
 
   m.def("comm_size", [](int f) { return guarded([&] { return cgx_torch::comm_size(f); }); }, py::arg("comm_f"),
         "Ranks in the communicator with Fortran handle comm_f.");

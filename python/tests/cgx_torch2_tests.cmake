@@ -8,6 +8,8 @@
 #                             the gloo group; CGX_TEST_NO_MPI=1: no MPI library in the
 #                             extension or the processes
 #   cgx_backend.torchrun2..4  python/tests/test_backend.py: dist.init_process_group("cgx")
+#   cgx_path.torchrun2..3     python/tests/test_path_choice.py: the measured choice of the
+#                             compressed or the exact path (backend and hook), forcing either
 #   unchanged.gpt_train4      python/tests/third_party/gpt_train.py (a minimal-GPT-style trainer)
 #   unchanged.ddp_tutorial2   and ddp_tutorial.py (torch's DDP tutorial's style), scripts with no
 #                             cgx in them, run by run_unchanged.py with --backend gloo and cgx:
@@ -59,6 +61,14 @@ foreach(np 2 3 4)
            COMMAND ${_t2_run} --nproc-per-node ${np} ${PROJECT_SOURCE_DIR}/python/tests/test_backend.py)
   set_tests_properties(cgx_backend.torchrun${np} PROPERTIES FIXTURES_REQUIRED cgx_torch2 LABELS "python;torch2"
                        PROCESSORS ${np} ENVIRONMENT "${_t2_env}" TIMEOUT 600)
+endforeach()
+# The measured choice of the compressed or the exact path (issue 50): the backend's and the hook's.
+foreach(np 2 3)
+  add_test(NAME cgx_path.torchrun${np}
+           COMMAND ${_t2_run} --nproc-per-node ${np} ${PROJECT_SOURCE_DIR}/python/tests/test_path_choice.py)
+  set_tests_properties(cgx_path.torchrun${np} PROPERTIES FIXTURES_REQUIRED cgx_torch2 LABELS "python;torch2"
+                       PROCESSORS ${np} ENVIRONMENT "${_t2_env}" TIMEOUT 600
+                       PASS_REGULAR_EXPRESSION "cgx path choice tests: [0-9]+ passed, 0 failed")
 endforeach()
 add_test(NAME train_ddp2.torchrun4
          COMMAND ${_t2_no_mpi} ${_t2_run} --nproc-per-node 4 ${PROJECT_SOURCE_DIR}/examples/python/train_ddp.py)

@@ -26,6 +26,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import cgx_torch
 import cgx_torch.backend
 
+# These tests check the compressed path itself (its bound, its bits, its settings): the
+# measured choice (CGX_PATH=auto, the default) could send a call exact on this fast link.
+# It is tested by test_path_choice.py.
+os.environ["CGX_PATH"] = "compressed"
+
 dist.init_process_group("cgx")
 rank, p = dist.get_rank(), dist.get_world_size()
 tests = []

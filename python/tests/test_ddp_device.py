@@ -52,7 +52,7 @@ def train(cfg, device, rank, size, steps, seen):
     model = DDP(make_model(device), device_ids=[device.index] if device.type == "cuda" else None)
     state = None
     if cfg == "cgx4":
-        state = cgx_torch.CGXState(bits=4)
+        state = cgx_torch.CGXState(bits=4, path="compressed")  # the device plans themselves, not the measured choice
 
         def hook(st, bucket):
             seen.add(str(cgx_torch.ddp._bucket_buffer(bucket).device.type))

@@ -54,6 +54,10 @@ STEPS = int(os.environ.get("CGX_TEST_FSDP_STEPS", "30"))
 TOL = 0.05
 VOCAB, DIM, SEQ, BATCH = 48, 64, 32, 8
 
+# These tests check the backend's compressed reduce-scatter itself (every call compressed,
+# within its bound): the measured choice (CGX_PATH=auto, the default) could send a call
+# exact on this fast link. It is tested by test_path_choice.py.
+os.environ["CGX_PATH"] = "compressed"
 dist.init_process_group("cgx")
 rank, p = dist.get_rank(), dist.get_world_size()
 GLOO = dist.new_group(backend="gloo")  # the baseline's group, and the checks' exact sums
