@@ -27,8 +27,12 @@ def load(outdir):
     configs = {}
     for path in sorted(glob.glob(os.path.join(outdir, "*.json"))):
         name = os.path.basename(path)[:-5]
-        with open(path) as f:
-            rows = json.load(f)
+        try:
+            with open(path) as f:
+                rows = json.load(f)
+        except ValueError:
+            print(f"auto_sweep.py: {path} is incomplete (a run still going, or cut short): skipped")
+            continue
         by_size = {}
         for r in rows:
             if "native_below" not in r:
