@@ -36,7 +36,7 @@ if(NOT out MATCHES "# roofline: copy bandwidth [0-9.]+ GB/s per rank" OR NOT out
 endif()
 count(nroof " +(65536|131072) +[0-9]+ +float +sra +(4|32) [^\n]+\\| +[0-9]+\\.[0-9] +[0-9]+\\.[0-9] +[0-9]+\\.[0-9]+x\n"
       "${out}")
-count(njroof "\"copy_bw_gbps\": [0-9.]+, \"wire_s\": [0-9.e+-]+, \"mem_bytes\": [0-9]+, \"mem_floor_s\": [0-9.e+-]+, \"x_roof\": [0-9.]+}" "${js}")
+count(njroof "\"copy_bw_gbps\": [0-9.]+, \"wire_s\": [0-9.e+-]+, \"mem_bytes\": [0-9]+, \"mem_floor_s\": [0-9.e+-]+, \"x_roof\": [0-9.]+, \"native_below\": [0-9]+}" "${js}")
 if(NOT nroof EQUAL 4 OR NOT njroof EQUAL 4)
   message(FATAL_ERROR "expected the roofline (floor, wire, x_roof) in 4 rows and 4 records, found ${nroof} and ${njroof}:\n${out}\n${js}")
 endif()
