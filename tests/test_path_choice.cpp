@@ -25,7 +25,9 @@ using SRA = cgx::comm::scatter_reduce_allgather;
 using Q4 = cgx::quant::maxmin<4, 1024, cgx::quant::stochastic>;
 
 // Delays injected into comm::mpi's two paths, in milliseconds (0: none). Set by the test,
-// the same on every rank unless the test says otherwise.
+// the same on every rank unless the test says otherwise. They are large (60-200 ms) so
+// that the slowed path loses even where the other is slow itself: sanitizer builds at
+// -O0, and MPICH's busy-polling ranks oversubscribing two cores in CI.
 std::atomic<int> native_delay_ms{0};
 std::atomic<int> compressed_delay_ms{0};
 
@@ -158,14 +160,14 @@ TEST_CASE("the measured choice picks the path that is faster, on the slowest ran
   const int p = world_size();
   const std::size_t n = 64 << 10;  // 256 KiB
   SUBCASE("native slowed on every rank: compressed wins") {
-    native_delay_ms = 30;
+    native_delay_ms = 200;
   }
   SUBCASE("native slowed on the last rank only: every rank picks compressed") {
-    native_delay_ms = r == p - 1 ? 30 : 0;
+    native_delay_ms = r == p - 1 ? 200 : 0;
   }
   SUBCASE("the compressed schedule slowed: native wins") {
     if (p == 1) return;  // one rank: the schedule makes no wait
-    compressed_delay_ms = 30;
+    compressed_delay_ms = 60;
   }
   allreduce_plan<float, Q4, SRA, slowed_mpi> plan{slowed_mpi{MPI_COMM_WORLD}, n};
   std::vector<float> v(n);
@@ -192,7 +194,7 @@ TEST_CASE("the choice follows a change: the pick flips at the next re-check") {
   const std::size_t n = 16 << 10;
   allreduce_plan<float, Q4, SRA, slowed_mpi> plan{slowed_mpi{MPI_COMM_WORLD}, n};
   std::vector<float> v(n);
-  native_delay_ms = 20;
+  native_delay_ms = 200;
   for (int i = 0; i < 8 + 4; ++i) {
     v = inputs<float>(r, n, 1);
     plan(v.data(), n);
@@ -200,7 +202,7 @@ TEST_CASE("the choice follows a change: the pick flips at the next re-check") {
   CHECK(plan.path_for(n * sizeof(float)).compressed);
   // The load moves: the compressed schedule becomes the slow one.
   native_delay_ms = 0;
-  compressed_delay_ms = 10;
+  compressed_delay_ms = 60;
   for (int i = 0; i < 16; ++i) {
     v = inputs<float>(r, n, 2);
     plan(v.data(), n);
