@@ -444,6 +444,26 @@ void options_defaults(cgx_options* o, const char* who, std::string& note) {
 
 }  // namespace
 
+namespace {
+// cgx_allreduce_path and cgx_error_bounded_path: plan->impl->path_for(bytes) into *path.
+template <class Plan>
+cgx_errc path_of(const Plan* plan, size_t bytes, cgx_path* path, const char* who) noexcept {
+  return guarded(who, [&] {
+    check_plan(plan, who);
+    if (path == nullptr) refuse(std::string(who) + ": the result pointer is NULL");
+    const cgx::path_pick k = plan->impl->path_for(bytes);
+    path->measured = k.measured ? 1 : 0;
+    path->compressed = k.compressed ? 1 : 0;
+    path->native_seconds = k.native_s;
+    path->compressed_seconds = k.compressed_s;
+    path->calls = k.calls;
+    path->decisions = k.decisions;
+    path->flips = k.flips;
+  });
+}
+
+}  // namespace
+
 extern "C" {
 
 const char* cgx_last_error(void) noexcept {
@@ -570,32 +590,12 @@ cgx_errc cgx_allreduce_native_below_bytes(const cgx_allreduce_plan* plan, size_t
   });
 }
 
-static void copy_path(const cgx::path_pick& k, cgx_path* path) {
-  path->measured = k.measured ? 1 : 0;
-  path->compressed = k.compressed ? 1 : 0;
-  path->native_seconds = k.native_s;
-  path->compressed_seconds = k.compressed_s;
-  path->calls = k.calls;
-  path->decisions = k.decisions;
-  path->flips = k.flips;
-}
-
 cgx_errc cgx_allreduce_path(const cgx_allreduce_plan* plan, size_t bytes, cgx_path* path) noexcept {
-  static const char* const who = "cgx_allreduce_path";
-  return guarded(who, [&] {
-    check_plan(plan, who);
-    if (path == nullptr) refuse(std::string(who) + ": the result pointer is NULL");
-    copy_path(plan->impl->path_for(bytes), path);
-  });
+  return path_of(plan, bytes, path, "cgx_allreduce_path");
 }
 
 cgx_errc cgx_error_bounded_path(const cgx_error_bounded_plan* plan, size_t bytes, cgx_path* path) noexcept {
-  static const char* const who = "cgx_error_bounded_path";
-  return guarded(who, [&] {
-    check_plan(plan, who);
-    if (path == nullptr) refuse(std::string(who) + ": the result pointer is NULL");
-    copy_path(plan->impl->path_for(bytes), path);
-  });
+  return path_of(plan, bytes, path, "cgx_error_bounded_path");
 }
 
 cgx_errc cgx_allreduce_free(cgx_allreduce_plan** plan) noexcept {
