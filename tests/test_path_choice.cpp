@@ -127,6 +127,80 @@ TEST_CASE("the interval stops growing at 256 calls") {
   CHECK(rechecks <= 4 + (4000 - (16 + 32 + 64 + 128 + 8)) / 258 + 1);
 }
 
+TEST_CASE("a class whose measured neighbours answer it skips probing, and is re-checked after 16 calls") {
+  cgx::detail::path_choice c;
+  auto agree = [](std::span<std::int64_t>) {};
+  // Each call's times: native and compressed, by class.
+  auto run = [&](std::size_t bytes, int calls, std::int64_t native_ns, std::int64_t compressed_ns) {
+    std::vector<bool> seen;
+    for (int i = 0; i < calls; ++i) {
+      const bool z = c.compress_next(bytes);
+      seen.push_back(z);
+      c.record(bytes, z, z ? compressed_ns : native_ns, agree);
+    }
+    return seen;
+  };
+  // 64 KiB: compressed wins by 5x.
+  run(64 << 10, 8, 10000, 2000);
+  REQUIRE(c.pick_for(64 << 10).compressed);
+  CHECK_FALSE(c.pick_for(64 << 10).inferred);
+  // A larger class takes compressed from its first call, without probing native.
+  auto seen = run(1 << 20, 16, 100000, 20000);
+  CHECK(std::count(seen.begin(), seen.end(), false) == 0);
+  cgx::path_pick k = c.pick_for(1 << 20);
+  CHECK(k.measured);
+  CHECK(k.inferred);
+  CHECK(k.compressed);
+  CHECK(k.decisions == 0);
+  // Its first re-check (calls 16 and 17 on native) measures it and confirms the pick.
+  seen = run(1 << 20, 2, 100000, 20000);
+  CHECK(seen == std::vector<bool>{false, false});
+  k = c.pick_for(1 << 20);
+  CHECK_FALSE(k.inferred);
+  CHECK(k.compressed);
+  CHECK(k.decisions == 1);
+  CHECK(k.native_s == doctest::Approx(100e-6));
+  // A smaller class is not answered by a compressed pick above it: it is probed.
+  seen = run(16 << 10, 8, 3000, 2000);
+  CHECK(seen == std::vector<bool>{false, true, false, true, false, true, false, true});
+  CHECK_FALSE(c.pick_for(16 << 10).inferred);
+  // 16 MiB is inferred compressed too, but there native is 3x faster: its first re-check
+  // flips it to native, on its own measurement.
+  seen = run(16 << 20, 18, 1000000, 3000000);
+  CHECK(std::count(seen.begin(), seen.end(), false) == 2);
+  k = c.pick_for(16 << 20);
+  CHECK_FALSE(k.compressed);
+  CHECK_FALSE(k.inferred);
+  CHECK(k.flips == 1);
+  // 4 MiB lies between a compressed pick below (1 MiB, by 5x) and a native one above
+  // (16 MiB, by 3x): the neighbours contradict, so it is probed.
+  seen = run(4 << 20, 2, 1, 1);
+  CHECK(seen == std::vector<bool>{false, true});
+  // Above the native pick nothing is inferred from it (native's lead there may be its
+  // latency, which a larger call outgrows).
+  seen = run(64 << 20, 2, 1, 1);
+  CHECK(seen == std::vector<bool>{false, true});
+  // A win by less than the margin carries nothing: 2 KiB classes are native anyway, so
+  // take a fresh choice with 8 KiB picked compressed by 1.5x: 32 KiB is probed.
+  cgx::detail::path_choice d;
+  for (int i = 0; i < 8; ++i) {
+    const bool z = d.compress_next(8 << 10);
+    d.record(8 << 10, z, z ? 2000 : 3000, agree);
+  }
+  REQUIRE(d.pick_for(8 << 10).compressed);
+  CHECK_FALSE(d.compress_next(32 << 10));
+  // Native by the margin at 1 MiB answers 256 KiB from its first call.
+  for (int i = 0; i < 8; ++i) {
+    const bool z = d.compress_next(1 << 20);
+    d.record(1 << 20, z, z ? 9000 : 3000, agree);
+  }
+  REQUIRE_FALSE(d.pick_for(1 << 20).compressed);
+  CHECK_FALSE(d.compress_next(256 << 10));
+  d.record(256 << 10, false, 100, agree);
+  CHECK(d.pick_for(256 << 10).inferred);
+  CHECK_FALSE(d.pick_for(256 << 10).compressed);
+}
+
 TEST_CASE("by default every rank takes the same path on every call and ends with the same bits") {
   const int r = world_rank();
   const std::size_t sizes[] = {1000, 4096, 16384, 65536, 262144};
@@ -185,6 +259,34 @@ TEST_CASE("the measured choice picks the path that is faster, on the slowest ran
   plan(v.data(), n);
   CHECK(plan.last_native() == !want_compressed);
   CHECK(identical_on_all_ranks(v));
+}
+
+TEST_CASE("an inferred pick is taken by every rank: a larger class follows a clear compressed win") {
+  const int r = world_rank();
+  const int p = world_size();
+  if (p == 1) return;
+  const std::size_t small = 16 << 10, large = 256 << 10;
+  allreduce_plan<float, Q4, SRA, slowed_mpi> plan{slowed_mpi{MPI_COMM_WORLD}, large};
+  native_delay_ms = 200;  // native loses by far more than the margin
+  std::vector<float> v;
+  for (int i = 0; i < 8; ++i) {
+    v = inputs<float>(r, small, 4);
+    plan(v.data(), small);
+  }
+  native_delay_ms = 0;
+  REQUIRE(plan.path_for(small * sizeof(float)).compressed);
+  std::vector<int> paths;
+  for (int i = 0; i < 4; ++i) {
+    v = inputs<float>(r, large, 5);
+    plan(v.data(), large);
+    paths.push_back(plan.last_native() ? 0 : 1);
+    CHECK(identical_on_all_ranks(v));
+  }
+  CHECK(paths == std::vector<int>{1, 1, 1, 1});
+  CHECK(same_sequence_on_all_ranks(paths));
+  const cgx::path_pick k = plan.path_for(large * sizeof(float));
+  CHECK(k.inferred);
+  CHECK(k.compressed);
 }
 
 TEST_CASE("the choice follows a change: the pick flips at the next re-check") {

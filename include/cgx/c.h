@@ -188,7 +188,8 @@ typedef struct cgx_path {
   double native_seconds;     /**< agreed (slowest rank's) time of MPI_Allreduce at the last decision */
   double compressed_seconds; /**< the same for the compressed schedule */
   uint32_t calls;            /**< calls made in the class */
-  uint32_t decisions;        /**< decisions taken (1 after probing, +1 per re-check) */
+  uint32_t decisions;        /**< decisions taken (1 after probing, +1 per re-check); 0 with measured 1:
+                                  the pick was inferred from a measured neighbouring class (both times 0) */
   uint32_t flips;            /**< decisions that changed the pick */
 } cgx_path;
 

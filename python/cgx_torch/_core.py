@@ -260,7 +260,7 @@ class MeasuredPath:
     def picks(self):
         """What was picked: a list of dicts, one per (kind, size class) measured so far:
         kind (repr), size_class (floor(log2(bytes))), bytes (of its latest call), and
-        PathChoice.pick_for's measured, compressed, native_s, compressed_s (the agreed,
+        PathChoice.pick_for's measured, inferred, compressed, native_s, compressed_s (the agreed,
         slowest rank's times, seconds), calls, decisions, flips."""
         out = []
         for kind, classes in self._seen.items():

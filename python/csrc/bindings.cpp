@@ -640,6 +640,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             const cgx::path_pick p = c.pick_for(bytes);
             py::dict d;
             d["measured"] = p.measured;
+            d["inferred"] = p.inferred;
             d["compressed"] = p.compressed;
             d["native_s"] = p.native_s;
             d["compressed_s"] = p.compressed_s;
@@ -649,8 +650,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             return d;
           },
           py::arg("bytes"),
-          "What is known of the size class of `bytes`: a dict of measured (False while probing), compressed (the "
-          "pick), native_s and compressed_s (the agreed, slowest rank's, times at the last decision), calls, "
+          "What is known of the size class of `bytes`: a dict of measured (False while probing), inferred (the "
+          "pick was carried over from a measured neighbouring class, not yet re-checked), compressed (the pick), native_s and compressed_s (the agreed, slowest rank's, times at the last decision), calls, "
           "decisions and flips.")
       .def_static("size_class", &path_choice::size_class, py::arg("bytes"),
                   "The size class of a call of `bytes` bytes: floor(log2(bytes)).");

@@ -103,6 +103,21 @@ def binding_is_cgx_path_choice():
     assert pk["measured"] and not pk["compressed"] and pk["decisions"] == 2 and pk["flips"] == 0, pk
     assert abs(pk["native_s"] - 1e-3) < 1e-12 and pk["calls"] == P + 18, pk
     assert not c.pick_for(1 << 20)["measured"]
+    # native won by 3x at 8 KiB: a larger class is still probed (native's lead may be its
+    # latency, which larger calls outgrow)
+    assert c.compress_next(1 << 20) is False  # probing starts with native
+    c.record(1 << 20, False, 1, agree)
+    assert not c.pick_for(1 << 20)["inferred"]
+    assert c.compress_next(1 << 20) is True
+    c2 = _C.PathChoice()
+    for k in range(P):
+        comp = c2.compress_next(1 << 20)
+        c2.record(1 << 20, comp, 1_000_000 if comp else 3_000_000, agree)  # compressed by 3x
+    assert c2.pick_for(1 << 20)["compressed"]
+    assert c2.compress_next(4 << 20) is True  # a larger class: compressed from its first call
+    c2.record(4 << 20, True, 1, agree)
+    pk = c2.pick_for(4 << 20)
+    assert pk["inferred"] and pk["measured"] and pk["compressed"] and pk["decisions"] == 0, pk
 
 
 @test

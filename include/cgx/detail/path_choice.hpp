@@ -19,10 +19,22 @@
 ///    two latest. When the pick stands the interval doubles (16 up to 256 calls), when
 ///    it flips it returns to 16: the choice follows the link and the load, and a stable
 ///    choice costs at most 2 calls of the slower path in 256.
+///  - inferred: a class met after others were decided skips probing when its measured
+///    neighbours already answer it. In the alpha-beta model (cgx::model) both paths cost
+///    a latency plus a time per byte, and a path that wins by a wide margin at some size
+///    does so through its time per byte, so it wins at every larger size (compressed) or
+///    every smaller one (native, whose latency is the lower). So when the nearest
+///    measured class below picked compressed by at least inference_margin (its agreed
+///    native time >= margin x its compressed time), a new class takes compressed from its
+///    first call; when the nearest measured class above picked native by the margin, it
+///    takes native. Contradicting or close neighbours: the class is probed. An inferred
+///    pick is a decided one whose first re-check comes after 16 calls, as after probing,
+///    so a wrong inference costs at most 16 calls and is corrected by measurement.
 ///
 /// Which call probes what depends only on the class's call count, which is the same on
-/// every rank (every rank makes the same calls with the same counts), and each decision
-/// is agreed collectively, so every rank always takes the same path.
+/// every rank (every rank makes the same calls with the same counts), each decision is
+/// agreed collectively, and an inference reads only agreed times and which classes are
+/// decided, so every rank always takes the same path.
 
 #include <algorithm>
 #include <array>
@@ -36,7 +48,8 @@ namespace cgx {
 
 /// What a plan's measured choice knows of one size class (see allreduce_plan::path_for).
 struct path_pick {
-  bool measured = false;     ///< false while the class is still being probed (or was never called)
+  bool measured = false;     ///< false while the class is still being probed (or was never called); true once decided
+  bool inferred = false;     ///< the pick was inferred from a measured neighbouring class, not yet confirmed by a re-check
   bool compressed = false;   ///< the pick: true for the compressed schedule, false for the native allreduce
   double native_s = 0;       ///< the agreed (slowest rank's) time of the native path at the last decision, seconds
   double compressed_s = 0;   ///< the same for the compressed path (0: not measured)
@@ -54,6 +67,8 @@ class path_choice {
   static constexpr std::uint32_t probe_calls = 8;
   static constexpr std::uint32_t first_interval = 16;
   static constexpr std::uint32_t max_interval = 256;
+  /// A neighbour's pick is carried to a new class only when it won by this factor.
+  static constexpr std::int64_t inference_margin = 2;
 
   /// The size class of a call of `bytes` (>= measured_floor_bytes).
   static unsigned size_class(std::size_t bytes) noexcept { return static_cast<unsigned>(std::bit_width(bytes) - 1); }
@@ -61,7 +76,9 @@ class path_choice {
   /// True if the next call of `bytes` bytes takes the compressed path (advances nothing).
   [[nodiscard]] bool compress_next(std::size_t bytes) const noexcept {
     if (bytes < measured_floor_bytes) return false;
-    const entry& e = classes_[size_class(bytes)];
+    const unsigned cls = size_class(bytes);
+    const entry& e = classes_[cls];
+    if (e.phase == probing && e.calls == 0) return infer(cls) == infer_compressed;
     if (e.phase == probing) return (e.calls & 1u) != 0;  // native, compressed, native, ...
     const bool recheck = e.calls >= e.next_check;       // two calls on the other path
     return recheck ? !e.pick : e.pick;
@@ -82,7 +99,16 @@ class path_choice {
   template <class Agree>
   void record(std::size_t bytes, bool compressed, std::int64_t ns, Agree&& agree) {
     if (bytes < measured_floor_bytes) return;
-    entry& e = classes_[size_class(bytes)];
+    const unsigned cls = size_class(bytes);
+    entry& e = classes_[cls];
+    if (e.phase == probing && e.calls == 0) {
+      if (const inference i = infer(cls); i != infer_none) {
+        e.phase = decided;
+        e.inferred = true;
+        e.pick = i == infer_compressed;
+        e.next_check = first_interval;
+      }
+    }
     const std::uint32_t k = e.calls++;
     if (e.phase == probing) {
       if (k >= 2) keep_min(compressed ? e.probe_c : e.probe_n, ns);
@@ -113,6 +139,7 @@ class path_choice {
     }
     const entry& e = classes_[size_class(bytes)];
     p.measured = e.phase == decided;
+    p.inferred = e.inferred;
     p.compressed = e.pick;
     p.native_s = static_cast<double>(e.agreed_n) * 1e-9;
     p.compressed_s = static_cast<double>(e.agreed_c) * 1e-9;
@@ -133,12 +160,36 @@ class path_choice {
     std::uint32_t flips = 0;
     phase_t phase = probing;
     bool pick = false;
+    bool inferred = false;  // decided by infer(), not yet re-checked
     std::int64_t probe_n = none, probe_c = none, probe_other = none;
     std::array<std::int64_t, 2> recent{none, none};
     std::int64_t agreed_n = 0, agreed_c = 0;
   };
 
   static void keep_min(std::int64_t& slot, std::int64_t ns) noexcept { slot = std::min(slot, ns); }
+
+  enum inference : std::uint8_t { infer_none, infer_native, infer_compressed };
+
+  /// What the nearest measured classes below and above say of class `cls` (see the file
+  /// comment); reads only agreed times and decided states: the same on every rank.
+  [[nodiscard]] inference infer(unsigned cls) const noexcept {
+    const auto measured = [](const entry& e) { return e.phase == decided && !e.inferred && e.decisions > 0; };
+    bool up = false, down = false;
+    for (unsigned b = cls; b-- > 0;)
+      if (measured(classes_[b])) {
+        const entry& e = classes_[b];
+        up = e.pick && e.agreed_n >= inference_margin * e.agreed_c;
+        break;
+      }
+    for (unsigned a = cls + 1; a < classes_.size(); ++a)
+      if (measured(classes_[a])) {
+        const entry& e = classes_[a];
+        down = !e.pick && e.agreed_c >= inference_margin * e.agreed_n;
+        break;
+      }
+    if (up == down) return infer_none;  // neither, or neighbours that contradict
+    return up ? infer_compressed : infer_native;
+  }
 
   template <class Agree>
   static void decide(entry& e, std::int64_t native_ns, std::int64_t compressed_ns, Agree& agree) {
@@ -149,6 +200,7 @@ class path_choice {
     if (e.phase == decided && !same) ++e.flips;
     e.interval = same ? std::min(e.interval * 2, max_interval) : first_interval;
     e.phase = decided;
+    e.inferred = false;
     e.pick = pick;
     e.agreed_n = v[0];
     e.agreed_c = v[1];
