@@ -233,6 +233,7 @@ struct x86_sse2 {
   using vi = __m128i;
   using vf = __m128;
   static CGX_FORCEINLINE vf loadu(const float* p) { return _mm_loadu_ps(p); }
+  static CGX_FORCEINLINE void storeu(float* p, vf v) { _mm_storeu_ps(p, v); }
   static CGX_FORCEINLINE vf set1(float v) { return _mm_set1_ps(v); }
   static CGX_FORCEINLINE vi set1(std::uint32_t v) { return _mm_set1_epi32(static_cast<int>(v)); }
   static CGX_FORCEINLINE vi set1_8(std::uint8_t v) { return _mm_set1_epi8(static_cast<char>(v)); }
@@ -280,6 +281,7 @@ struct x86_avx2 {
   using vi = __m256i;
   using vf = __m256;
   static CGX_FORCEINLINE vf loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static CGX_FORCEINLINE void storeu(float* p, vf v) { _mm256_storeu_ps(p, v); }
   static CGX_FORCEINLINE vf set1(float v) { return _mm256_set1_ps(v); }
   static CGX_FORCEINLINE vi set1(std::uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); }
   static CGX_FORCEINLINE vi set1_8(std::uint8_t v) { return _mm256_set1_epi8(static_cast<char>(v)); }
@@ -432,10 +434,15 @@ CGX_FORCEINLINE void philox_groups(x86::vi (*w)[4], std::uint32_t j, std::uint64
 /// per iteration (S_vec a multiple of 4 lanes); returns S_vec. `scale` is
 /// rescale_factor<float>() for a scaled bucket and 1 otherwise (d * 1 == d exactly): one
 /// kernel serves both, which halves what every including file compiles.
+/// `back`, when not null, receives each position's decoded value, decode_value(code, mn,
+/// unit), computed from the code in registers: what decoding the codes just written
+/// gives, without reading and unpacking them again. It may be x itself (each value is
+/// read before its decoded value is stored, and no other position reads it): x is
+/// therefore not declared restrict.
 template <int Bits, class Rounding>
-inline std::uint32_t encode_f32(const float* CGX_RESTRICT x, std::uint32_t S, float mn, float inv, float scale,
+inline std::uint32_t encode_f32(const float* x, std::uint32_t S, float mn, float inv, float scale,
                                 std::uint8_t* CGX_RESTRICT codes, const rng_state& rng, std::uint64_t first,
-                                const float* prefetch) {
+                                const float* prefetch, float* back, float unit) {
   using vi = x86::vi;
   using vf = x86::vf;
   constexpr int G = 4;                        // groups of lanes positions per iteration
@@ -443,6 +450,7 @@ inline std::uint32_t encode_f32(const float* CGX_RESTRICT x, std::uint32_t S, fl
   const std::uint32_t Sv = S - S % step;
   const vf vmn = x86::set1(mn), vinv = x86::set1(inv), vscale = x86::set1(scale);
   const vf vL = x86::set1(static_cast<float>(detail::levels<Bits>));
+  const vf vunit = x86::set1(unit);
   const std::uint32_t k0 = static_cast<std::uint32_t>(rng.seed) ^ rng.stream;
   const std::uint32_t k1 = static_cast<std::uint32_t>(rng.seed >> 32);
   for (std::uint32_t j = 0; j < Sv; j += step) {
@@ -477,6 +485,9 @@ inline std::uint32_t encode_f32(const float* CGX_RESTRICT x, std::uint32_t S, fl
           v = x86::add(v0, x86::set1(0.5f));
         }
         ci[g] = x86::cvtt(v);
+        if (back != nullptr)  // decode_value: min + (code * unit), the product rounded on its own
+          x86::storeu(back + std::size_t(k) * S + j + x86::lanes * g,
+                      x86::add(vmn, barrier(x86::mul(x86::cvt(ci[g]), vunit))));
       }
       cb[k] = x86::pack_bytes(ci[0], ci[1], ci[2], ci[3]);
     }
@@ -491,10 +502,12 @@ inline std::uint32_t encode_f32(const float* CGX_RESTRICT x, std::uint32_t S, fl
 /// Encodes positions [0, S_vec) of a full bucket (S_vec a multiple of the lane count);
 /// returns the number of positions done. Same codes as host_encode_bucket; `scale` is
 /// rescale_factor<Meta>() for a scaled bucket, else 1.
+/// `back`, when not null, receives the decoded values of the positions done (see
+/// encode_f32; it may be x).
 template <int Bits, class Rounding, class Meta>
-inline std::uint32_t encode_full(const Meta* CGX_RESTRICT x, std::uint32_t S, Meta mn, Meta inv, Meta scale,
+inline std::uint32_t encode_full(const Meta* x, std::uint32_t S, Meta mn, Meta inv, Meta scale,
                                  std::uint8_t* CGX_RESTRICT codes, const rng_state& rng, std::uint64_t first,
-                                 const Meta* prefetch = nullptr) {
+                                 const Meta* prefetch = nullptr, Meta* back = nullptr, Meta unit = 0) {
   using T = vec_types<Meta>;
   using V = typename T::real;
   using U = typename T::uint;
@@ -508,7 +521,7 @@ inline std::uint32_t encode_full(const Meta* CGX_RESTRICT x, std::uint32_t S, Me
   std::uint32_t j = 0;
 #if defined(CGX_HOST_SIMD_X86)
   if constexpr (std::is_same_v<Meta, float>)
-    j = encode_f32<Bits, Rounding>(x, S, mn, inv, scale, codes, rng, first, prefetch);
+    j = encode_f32<Bits, Rounding>(x, S, mn, inv, scale, codes, rng, first, prefetch, back, unit);
 #endif
   for (; j < Sv; j += L) {
     if (prefetch != nullptr) {
@@ -537,6 +550,9 @@ inline std::uint32_t encode_full(const Meta* CGX_RESTRICT x, std::uint32_t S, Me
       V v = barrier(d * vinv);
       v = v < vL ? v : vL;
       cv[k] = __builtin_convertvector(__builtin_convertvector(v + off[k], SI), U);
+      if (back != nullptr)  // decode_value, as decode_full
+        store(back + static_cast<std::size_t>(k) * S + j,
+              splat<V>(mn) + barrier(__builtin_convertvector(__builtin_convertvector(cv[k], SI), V) * splat<V>(unit)));
     }
     [&]<int... Q>(std::integer_sequence<int, Q...>) {
       ((store(codes + static_cast<std::size_t>(Q) * S + j, narrow(pack_lanes<Bits, Q>(cv)))), ...);
@@ -595,8 +611,8 @@ struct kernels {
   template <int Bits, class Rounding, class Meta>
   static std::uint32_t bucket_encode(const Meta* x, std::uint32_t S, Meta mn, Meta inv, Meta scale,
                                      std::uint8_t* codes, const rng_state& rng, std::uint64_t first,
-                                     const Meta* prefetch) {
-    return encode_full<Bits, Rounding, Meta>(x, S, mn, inv, scale, codes, rng, first, prefetch);
+                                     const Meta* prefetch, Meta* back, Meta unit) {
+    return encode_full<Bits, Rounding, Meta>(x, S, mn, inv, scale, codes, rng, first, prefetch, back, unit);
   }
   template <int Bits, bool Add, class Meta>
   static std::uint32_t bucket_decode(const std::uint8_t* codes, std::uint32_t S, Meta mn, Meta unit, Meta* y,

@@ -3,6 +3,9 @@
 // inside that set's namespace (after its `struct kernels`), so that the loop, the
 // bucket parameters and the kernels compile into one function per instruction set.
 
+template <int Bits, bool Add, class T>
+void decode_buckets(const std::byte* in, std::size_t n, std::size_t bucket, T* out, std::size_t b0, std::size_t b1);
+
 /// Compresses buckets [b0, b1) of in[0..n) into out (the whole compressed buffer of
 /// buckets of `bucket` values: wire_layout<Bits, bucket>). The bucket size is an argument,
 /// not a template parameter: the kernels depend on it only through loop bounds, so one
@@ -10,9 +13,13 @@
 /// While bucket b is encoded, bucket b + ahead of in is prefetched when it is a full one:
 /// a caller that works through buckets in blocks of `ahead` (add_requantize) pulls its
 /// next block in while this one is computed. Prefetching changes no byte written.
+/// `back`, when not null (it may be `in`), receives the decoded values of buckets
+/// [b0, b1): what decode_buckets of `out` would write there, the same bits. Full buckets
+/// are decoded from the codes still in registers (the kernels' `back`), the others by
+/// decode_buckets right after their encoding.
 template <int Bits, class Rounding, class T>
 void compress_buckets(const T* in, std::size_t n, std::size_t bucket, std::byte* out, const rng_state& rng,
-                      std::size_t b0, std::size_t b1, std::size_t ahead = 1) {
+                      std::size_t b0, std::size_t b1, std::size_t ahead = 1, T* back = nullptr) {
   using M = meta_t<T>;
   auto* codes_base = reinterpret_cast<std::uint8_t*>(out) + detail::meta_bytes<M>(n, bucket);
   const std::size_t bucket_code_bytes = static_cast<std::size_t>(Bits) * (bucket / 8);
@@ -29,6 +36,7 @@ void compress_buckets(const T* in, std::size_t n, std::size_t bucket, std::byte*
     detail::store_meta<M>(out, b, p.min, p.unit);
     if (!p.finite) {
       std::memset(codes, 0, static_cast<std::size_t>(Bits) * S);
+      if (back != nullptr) decode_buckets<Bits, false, T>(out, n, bucket, back, b, b + 1);
       continue;
     }
     const std::uint64_t gfirst = rng.position + first;
@@ -38,18 +46,28 @@ void compress_buckets(const T* in, std::size_t n, std::size_t bucket, std::byte*
     } else if (count == bucket) {
       const T* next = (b + ahead + 1) * bucket <= n ? x + ahead * bucket : nullptr;
       const M scale = p.scaled ? detail::rescale_factor<M>() : M(1);
-      const std::uint32_t j0 = kernels::bucket_encode<Bits, Rounding, M>(x, S, p.min, p.inv, scale, codes, rng, gfirst, next);
+      const bool fused = std::is_same_v<M, T>;  // the kernels decode back into M lanes
+      T* kb = fused && back != nullptr ? back + first : nullptr;
+      const std::uint32_t j0 = kernels::bucket_encode<Bits, Rounding, M>(
+          x, S, p.min, p.inv, scale, codes, rng, gfirst, next, reinterpret_cast<M*>(kb), p.unit);
       if (j0 < S) {
         if (!p.scaled)
           detail::host_encode_bucket<Bits, Rounding, false, false>(x, count, S, j0, p.min, p.inv, codes, rng, gfirst);
         else
           detail::host_encode_bucket<Bits, Rounding, false, true>(x, count, S, j0, p.min, p.inv, codes, rng, gfirst);
       }
+      if (kb != nullptr) {
+        if (j0 < S) detail::host_decode_bucket<Bits, false, false>(codes, count, S, j0, p.min, p.unit, kb);
+      } else if (back != nullptr) {
+        decode_buckets<Bits, false, T>(out, n, bucket, back, b, b + 1);
+      }
+      continue;
     } else if (!p.scaled) {
       detail::host_encode_bucket<Bits, Rounding, true, false>(x, count, S, 0, p.min, p.inv, codes, rng, gfirst);
     } else {
       detail::host_encode_bucket<Bits, Rounding, true, true>(x, count, S, 0, p.min, p.inv, codes, rng, gfirst);
     }
+    if (back != nullptr) decode_buckets<Bits, false, T>(out, n, bucket, back, b, b + 1);
   }
 }
 

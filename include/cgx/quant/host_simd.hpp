@@ -50,7 +50,7 @@ struct kernels {
   }
   template <int Bits, class Rounding, class Meta>
   static std::uint32_t bucket_encode(const Meta*, std::uint32_t, Meta, Meta, Meta, std::uint8_t*, const rng_state&,
-                                     std::uint64_t, const Meta*) {
+                                     std::uint64_t, const Meta*, Meta*, Meta) {
     return 0;
   }
   template <int Bits, bool Add, class Meta>
@@ -98,17 +98,17 @@ inline constexpr int vector_bytes = 16;
 /// compress_buckets of the instruction set `isa` (scalar when this build lacks it).
 template <int Bits, class Rounding, class T>
 void compress_buckets(host_isa isa, const T* in, std::size_t n, std::size_t bucket, std::byte* out,
-                      const rng_state& rng, std::size_t b0, std::size_t b1, std::size_t ahead = 1) {
+                      const rng_state& rng, std::size_t b0, std::size_t b1, std::size_t ahead = 1, T* back = nullptr) {
   switch (isa) {
 #if defined(CGX_HOST_SIMD_X86)
-    case host_isa::avx512: return avx512::compress_buckets<Bits, Rounding, T>(in, n, bucket, out, rng, b0, b1, ahead);
-    case host_isa::avx2: return avx2::compress_buckets<Bits, Rounding, T>(in, n, bucket, out, rng, b0, b1, ahead);
-    case host_isa::sse2: return sse2::compress_buckets<Bits, Rounding, T>(in, n, bucket, out, rng, b0, b1, ahead);
+    case host_isa::avx512: return avx512::compress_buckets<Bits, Rounding, T>(in, n, bucket, out, rng, b0, b1, ahead, back);
+    case host_isa::avx2: return avx2::compress_buckets<Bits, Rounding, T>(in, n, bucket, out, rng, b0, b1, ahead, back);
+    case host_isa::sse2: return sse2::compress_buckets<Bits, Rounding, T>(in, n, bucket, out, rng, b0, b1, ahead, back);
 #endif
 #if defined(CGX_HOST_SIMD_NEON)
-    case host_isa::neon: return neon::compress_buckets<Bits, Rounding, T>(in, n, bucket, out, rng, b0, b1, ahead);
+    case host_isa::neon: return neon::compress_buckets<Bits, Rounding, T>(in, n, bucket, out, rng, b0, b1, ahead, back);
 #endif
-    default: return scalar::compress_buckets<Bits, Rounding, T>(in, n, bucket, out, rng, b0, b1, ahead);
+    default: return scalar::compress_buckets<Bits, Rounding, T>(in, n, bucket, out, rng, b0, b1, ahead, back);
   }
 }
 

@@ -78,8 +78,9 @@ struct maxmin {
   /// buf[0..n) += decoded `addend` (when not null), then compress(buf) into
   /// out[0..compressed_bytes<T>(n)), then buf = decompress(out): the bytes and values of
   /// those three calls, in one pass. It works through buf in blocks of whole buckets of
-  /// about 16 KiB, each block added, compressed and decoded while it is in the L1
-  /// cache, so buf comes from memory once; while a block is encoded the next one is
+  /// about 16 KiB, each block added, then compressed and decoded back at once (a full
+  /// bucket's decoded values come from its codes still in registers, not from the
+  /// packed planes) while it is in the L1 cache, so buf comes from memory once; while a block is encoded the next one is
   /// prefetched, so that the memory stream does not wait for the compute
   /// (docs/results/add-requantize-prefetch.txt). The owner's last step of a reduction
   /// (quant::add_requantize). addend and out must not overlap buf.
@@ -91,8 +92,8 @@ struct maxmin {
       for (std::size_t b = b0; b < b1; b += block) {
         const std::size_t e = b1 - b < block ? b1 : b + block;
         if (addend != nullptr) simd::decode_buckets<Bits, true, T>(isa, addend, n, BucketSize, buf, b, e);
-        simd::compress_buckets<Bits, Rounding, T>(isa, buf, n, BucketSize, out, rng, b, e, block);
-        simd::decode_buckets<Bits, false, T>(isa, out, n, BucketSize, buf, b, e);
+        // encoded and decoded back into buf in one pass: the codes are not unpacked again
+        simd::compress_buckets<Bits, Rounding, T>(isa, buf, n, BucketSize, out, rng, b, e, block, buf);
       }
     });
   }
