@@ -1,10 +1,12 @@
 /// \file quant_bench.cpp
 /// Throughput of the host kernels of cgx::quant::maxmin against streaming baselines
-/// measured in the same run, over the same buffer.
+/// measured in the same run, over the same buffer; with --rotated also of
+/// cgx::quant::rotated<maxmin<...>> (the randomized Hadamard rotation, issue 51).
 ///
 ///   g++ -std=c++20 -O3 -Iinclude bench/quant_bench.cpp -o quant_bench
 ///   ./quant_bench [--mib N] [--bucket 128|512|1024|4096] [--threads N] [--reps N]
 ///                 [--bits LIST] [--isa scalar|sse2|avx2|avx512|neon] [--json FILE] [--check]
+///                 [--rotated]
 ///
 /// Built as a user builds (no -march): the kernels pick their instruction set at run
 /// time (cgx/quant/host_isa.hpp); the header and every JSON record name the one that
@@ -22,6 +24,10 @@
 ///   write  y[i] = c (reported beside decompress, not used for its ratio)
 ///   three  decompress_add, compress and decompress called one after the other:
 ///          add_requantize (the same three in one pass, maxmin.hpp)
+///   maxmin the same op of plain maxmin (same bits, bucket, rounding): the rows rot_* of
+///          --rotated, whose ratio is then the rotated codec's share of maxmin's speed
+///          (1 / ratio: its time per value relative to maxmin's). The compressed bytes of
+///          the two are the same; --rotated checks that before timing.
 ///
 /// --check exits with status 1 when, for float, bucket 1024 (or the chosen bucket), one
 /// thread, the 4-bit figures miss: compress/nearest >= 0.8 x read, compress/stochastic
@@ -30,6 +36,7 @@
 /// machine, never for CI.
 
 #include <cgx/quant/maxmin.hpp>
+#include <cgx/quant/rotated.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -57,6 +64,7 @@ struct options {
   bool doubles = true;
   std::string json;
   bool check = false;
+  bool rotated = false;  // also time rotated<maxmin<...>> (rows rot_*)
   std::string isa;  // empty: the detected path
 };
 
@@ -185,6 +193,55 @@ double max_err_units(const T* x, const T* y, const std::byte* comp, std::size_t 
   return e;
 }
 
+/// The rows rot_* of --rotated: each op of rotated<maxmin<Bits, B, ...>> against the same
+/// op of plain maxmin, timed in the same loop (ratio = maxmin's time / the rotated one's).
+template <int Bits, std::size_t B, class T, class Mk>
+void bench_rotated(const options& o, T* x, T* y, std::byte* comp, std::size_t n, Mk&& mk) {
+  using QS = maxmin<Bits, B, stochastic>;
+  using QN = maxmin<Bits, B, nearest>;
+  using RS = rotated<QS>;
+  using RN = rotated<QN>;
+  if (RS::template compressed_bytes<T>(n) != QS::template compressed_bytes<T>(n)) {
+    std::fprintf(stderr, "rotated: compressed size differs from maxmin's\n");
+    std::exit(1);
+  }
+  const host_exec ex{o.threads};
+  rng_state rng;
+  rng.seed = 43;
+  {
+    auto [to, tb] = best_pair(
+        o.reps, [&] { ++rng.counter; RS::template compress<T>(x, n, comp, rng, ex); },
+        [&] { ++rng.counter; QS::template compress<T>(x, n, comp, rng, ex); });
+    mk("rot_compress", "stochastic", to, tb, 0, -1);
+  }
+  {
+    auto [to, tb] = best_pair(
+        o.reps, [&] { RN::template compress<T>(x, n, comp, rng, ex); },
+        [&] { QN::template compress<T>(x, n, comp, rng, ex); });
+    mk("rot_compress", "nearest", to, tb, 0, -1);
+  }
+  RN::template compress<T>(x, n, comp, rng, ex);
+  {
+    auto [to, tb] = best_pair(
+        o.reps, [&] { RN::template decompress<T>(comp, n, y, ex); },
+        [&] { QN::template decompress<T>(comp, n, y, ex); });
+    mk("rot_decompress", "-", to, tb, 0, -1);
+  }
+  {
+    auto [to, tb] = best_pair(
+        o.reps, [&] { RN::template decompress_add<T>(comp, n, y, ex); },
+        [&] { QN::template decompress_add<T>(comp, n, y, ex); });
+    mk("rot_decomp_add", "-", to, tb, 0, -1);
+  }
+  {
+    std::vector<std::byte> out(RS::template compressed_bytes<T>(n));
+    auto [to, tb] = best_pair(
+        o.reps, [&] { RS::template add_requantize<T>(comp, y, n, out.data(), rng, ex); },
+        [&] { QS::template add_requantize<T>(comp, y, n, out.data(), rng, ex); });
+    mk("rot_add_requant", "stochastic", to, tb, 0, -1);
+  }
+}
+
 template <int Bits, std::size_t B, class T>
 void bench_bits(const options& o, T* x, T* y, std::byte* comp, std::size_t n) {
   const double bytes = double(n) * sizeof(T);
@@ -249,6 +306,7 @@ void bench_bits(const options& o, T* x, T* y, std::byte* comp, std::size_t n) {
         });
     mk("add_requantize", "stochastic", to, tb, 0, -1);
   }
+  if (o.rotated) bench_rotated<Bits, B, T>(o, x, y, comp, n, mk);
 }
 
 template <std::size_t B, class T>
@@ -351,7 +409,7 @@ int check_targets(const options& o) {
 [[noreturn]] void usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--mib N] [--bucket 128|512|1024|4096] [--threads N] [--reps N] [--bits 1,2,..] "
-               "[--no-double] [--isa scalar|sse2|avx2|avx512|neon] [--json FILE] [--check]\n",
+               "[--no-double] [--isa scalar|sse2|avx2|avx512|neon] [--json FILE] [--check] [--rotated]\n",
                argv0);
   std::exit(2);
 }
@@ -388,6 +446,8 @@ int main(int argc, char** argv) {
       o.json = next();
     } else if (a == "--check") {
       o.check = true;
+    } else if (a == "--rotated") {
+      o.rotated = true;
     } else if (a == "--isa") {
       o.isa = next();
     } else {

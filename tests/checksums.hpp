@@ -85,7 +85,9 @@ inline void record(std::string name, std::uint64_t h) { results().emplace_back(s
 
 template <class Q>
 std::string qname() {
-  if constexpr (Q::bits == 0) {
+  if constexpr (requires { typename Q::inner; }) {  // quant::rotated<maxmin<...>>
+    return "rotated<" + qname<typename Q::inner>() + ">";
+  } else if constexpr (Q::bits == 0) {
     return "none";
   } else {
     return "maxmin<" + std::to_string(Q::bits) + "," + std::to_string(Q::bucket_size) + "," +

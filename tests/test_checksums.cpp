@@ -133,6 +133,24 @@ TEST_CASE("same bits: allreduce_plan, hierarchical") {
   });
 }
 
+TEST_CASE("same bits: allreduce_plan with the rotated codec") {
+  // quant::rotated (issue 51): each flat reducer and a hierarchical pair, both roundings,
+  // float and double, over MPI and shared memory; the counts cut buckets (partial last
+  // buckets are rotated in dyadic blocks).
+  using R4s = cgx::quant::rotated<Q4s>;
+  using R2n = cgx::quant::rotated<cgx::quant::maxmin<2, 128, cgx::quant::nearest>>;
+  using R8n = cgx::quant::rotated<Q8n>;
+  family("rotated/", [] {
+    const std::vector<std::size_t> sizes(std::begin(counts), std::end(counts));
+    allreduce<float, R4s, SRA>("rotated/sra", make<mpi>, sizes);
+    allreduce<float, R2n, SRA>("rotated/sra", make<mpi>, sizes);
+    allreduce<float, R2n, ring>("rotated/ring", make<mpi>, sizes);
+    allreduce<double, R4s, tree>("rotated/tree", make<mpi>, sizes);
+    allreduce<float, R8n, SRA, shm>("rotated/sra", make<shm>, sizes);
+    allreduce<float, R4s, H<tree, SRA>>("rotated/hierarchical/mpi/tree+sra", make<mpi>, sizes);
+  });
+}
+
 namespace {
 template <class T, class Q, class R, class X = mpi>
 void error_bounded(const char* mode) {

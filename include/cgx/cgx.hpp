@@ -15,6 +15,7 @@
 #include "quant/host_exec.hpp"
 #include "quant/none.hpp"
 #include "quant/maxmin.hpp"
+#include "quant/rotated.hpp"
 #include "quant/error_bounded.hpp"
 #include "comm/mpi.hpp"
 #include "comm/shm.hpp"

@@ -177,6 +177,7 @@ std::int64_t device_signature(const char* what, std::uint64_t extra) {
   mix(static_cast<std::uint64_t>(Q::bits));
   mix(Q::bucket_size);
   mix(std::is_same_v<typename Q::rounding, quant::stochastic> ? 1 : 0);
+  if constexpr (requires { Q::signature_tag; }) mix(static_cast<std::uint64_t>(Q::signature_tag));  // quant::rotated
   for (const char* c = what; *c != 0; ++c) mix(static_cast<unsigned char>(*c));
   mix(extra);
   mix(0x646576u);  // "dev": never equal to a host plan's

@@ -160,6 +160,9 @@ signature_hash plan_signature(const char* kind) noexcept {
   if constexpr (requires { typename Q::rounding; })
     h.mix(std::is_same_v<typename Q::rounding, quant::stochastic> ? 1 : 0);
   if constexpr (requires { Q::variable_size; }) h.mix(Q::variable_size ? 0x7661 : 0);
+  // A codec that transforms the values before an inner quantizer (quant::rotated) names
+  // itself and its parameters here, so that it never mixes with the plain inner codec.
+  if constexpr (requires { Q::signature_tag; }) h.mix(static_cast<std::uint64_t>(Q::signature_tag));
   h.mix(kind);
   return h;
 }

@@ -8,6 +8,7 @@
 // maxmin.cuh first: it includes the shared wire-format headers with nvcc's warning
 // about std::numeric_limits in __host__ __device__ code silenced (see there).
 #include "quant/maxmin.cuh"
+#include "quant/rotated.cuh"
 
 #include "config.hpp"
 #include "error.hpp"
@@ -18,3 +19,4 @@
 #include "quant/host_exec.hpp"
 #include "quant/none.hpp"
 #include "quant/maxmin.hpp"
+#include "quant/rotated.hpp"
