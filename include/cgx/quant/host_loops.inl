@@ -46,21 +46,17 @@ void compress_buckets(const T* in, std::size_t n, std::size_t bucket, std::byte*
     } else if (count == bucket) {
       const T* next = (b + ahead + 1) * bucket <= n ? x + ahead * bucket : nullptr;
       const M scale = p.scaled ? detail::rescale_factor<M>() : M(1);
-      const bool fused = std::is_same_v<M, T>;  // the kernels decode back into M lanes
-      T* kb = fused && back != nullptr ? back + first : nullptr;
-      const std::uint32_t j0 = kernels::bucket_encode<Bits, Rounding, M>(
-          x, S, p.min, p.inv, scale, codes, rng, gfirst, next, reinterpret_cast<M*>(kb), p.unit);
+      T* kb = back != nullptr ? back + first : nullptr;  // T is M here (float or double)
+      const std::uint32_t j0 =
+          kernels::bucket_encode<Bits, Rounding, M>(x, S, p.min, p.inv, scale, codes, rng, gfirst, next, kb, p.unit);
       if (j0 < S) {
         if (!p.scaled)
           detail::host_encode_bucket<Bits, Rounding, false, false>(x, count, S, j0, p.min, p.inv, codes, rng, gfirst);
         else
           detail::host_encode_bucket<Bits, Rounding, false, true>(x, count, S, j0, p.min, p.inv, codes, rng, gfirst);
       }
-      if (kb != nullptr) {
-        if (j0 < S) detail::host_decode_bucket<Bits, false, false>(codes, count, S, j0, p.min, p.unit, kb);
-      } else if (back != nullptr) {
-        decode_buckets<Bits, false, T>(out, n, bucket, back, b, b + 1);
-      }
+      if (kb != nullptr && j0 < S)
+        detail::host_decode_bucket<Bits, false, false>(codes, count, S, j0, p.min, p.unit, kb);
       continue;
     } else if (!p.scaled) {
       detail::host_encode_bucket<Bits, Rounding, true, false>(x, count, S, 0, p.min, p.inv, codes, rng, gfirst);
