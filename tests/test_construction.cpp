@@ -29,7 +29,7 @@ using SRA = cgx::comm::scatter_reduce_allgather;
 using Q4 = cgx::quant::maxmin<4, 1024, cgx::quant::stochastic>;
 using cgx::comm::mpi;
 
-constexpr std::uint32_t limit_ms = 1500;
+constexpr std::uint32_t limit_ms = 1000;  // each late case waits it out twice
 
 // A communicator for one case (never freed: a timed-out step may still hold it).
 MPI_Comm fresh_comm() {
