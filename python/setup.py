@@ -147,7 +147,7 @@ if cuda:
 csrc = os.path.join("csrc")
 plan_tus = [f"{kind}_{t}_{r}.cpp" for kind in (("host_plan", "pg_plan") if mpi else ("pg_plan",))
             for t in ("f32", "f64") for r in ("stochastic", "nearest")]
-sources = [os.path.join(csrc, f) for f in ["bindings.cpp", "plans.cpp", "pg_plans.cpp"] + plan_tus]
+sources = [os.path.join(csrc, f) for f in ["bindings.cpp", "plans.cpp", "pg_plans.cpp", "store_bootstrap.cpp"] + plan_tus]
 # torch 1.13's headers are C++14 code and warn under C++20 (std::iterator, is_pod). No
 # debug information (Python's CFLAGS add -g): it triples the build time of the kernels.
 # CGX_TORCH_OPT: the optimization of the host code (default -O2); a build that is only

@@ -494,6 +494,50 @@ class py_plan {
   int device_index_;
 };
 
+/// plans.hpp's kv over a c10d::Store (the group's: TCPStore under torchrun, FileStore,
+/// HashStore, PrefixStore). try_get asks check() first, so it never blocks on a missing key.
+class store_kv final : public cgx_torch::kv {
+ public:
+  explicit store_kv(c10::intrusive_ptr<c10d::Store> s) : s_(std::move(s)) {
+    if (!s_) throw py::value_error("cgx_torch: the store is None");
+  }
+  void set(const std::string& key, const std::vector<std::uint8_t>& value) override { s_->set(key, value); }
+  bool try_get(const std::string& key, std::vector<std::uint8_t>& out) override {
+    if (!s_->check({key})) return false;
+    out = s_->get(key);
+    return true;
+  }
+  std::int64_t add(const std::string& key, std::int64_t delta) override { return s_->add(key, delta); }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> s_;
+};
+
+/// cgx_torch._C.StoreBootstrap: the set-up of the device transports over the job's Store
+/// (comm::store_bootstrap), exposed for tests and diagnostics.
+struct py_store_bootstrap {
+  std::unique_ptr<cgx_torch::bootstrap> b;
+  static std::unique_ptr<py_store_bootstrap> make(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                                                  const std::string& prefix, std::int64_t timeout_ms) {
+    auto k = std::make_shared<store_kv>(std::move(store));
+    auto out = std::make_unique<py_store_bootstrap>();
+    py::gil_scoped_release nogil;
+    out->b = guarded([&] { return cgx_torch::make_store_bootstrap(k, rank, size, prefix, timeout_ms); });
+    return out;
+  }
+  py::list allgather(const py::bytes& mine) {
+    const std::string m = mine;
+    std::string all(m.size() * static_cast<std::size_t>(b->size()), '\0');
+    {
+      py::gil_scoped_release nogil;
+      guarded([&] { b->allgather(m.data(), m.size(), all.data()); });
+    }
+    py::list out;
+    for (int r = 0; r < b->size(); ++r) out.append(py::bytes(all.data() + static_cast<std::size_t>(r) * m.size(), m.size()));
+    return out;
+  }
+};
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -673,6 +717,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Whether this build has plans over mpi4py communicators (mpi4py was importable when it was built).");
   m.def("device_plans_compiled", &cgx_torch::device_plans_compiled,
         "Whether device (CUDA) plans were compiled into this build.");
+  py::class_<py_store_bootstrap>(
+      m, "StoreBootstrap",
+      "cgx::comm::store_bootstrap over a torch.distributed Store: what sets up the device transports (the NCCL "
+      "id, CUDA IPC handles) with no MPI. Every call is collective and bounded by timeout_ms (0: none); a step "
+      "ends the same way on every rank, CGXError (naming the missing ranks) when some rank did not come.")
+      .def(py::init(&py_store_bootstrap::make), py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("prefix"),
+           py::arg("timeout_ms"),
+           "Collective (a first barrier). store: the group's Store; prefix: its keys (unique per bootstrap).")
+      .def_property_readonly("rank", [](const py_store_bootstrap& x) { return x.b->rank(); })
+      .def_property_readonly("size", [](const py_store_bootstrap& x) { return x.b->size(); })
+      .def("allgather", &py_store_bootstrap::allgather, py::arg("mine"),
+           "Every rank's bytes (one length on every rank), in rank order.")
+      .def("barrier", [](py_store_bootstrap& x) {
+            py::gil_scoped_release nogil;
+            guarded([&] { x.b->barrier(); });
+          })
+      .def("same_node", [](py_store_bootstrap& x) {
+            py::gil_scoped_release nogil;
+            return guarded([&] { return x.b->same_node(); });
+          }, "True on every rank when all ranks run on one node (host name and boot).");
+
   m.def("build_info", [] { return guarded([] { return cgx_torch::build_info(); }); },
         "cgx version, host kernels, MPI library and whether device plans were compiled.");
 }

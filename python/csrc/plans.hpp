@@ -123,6 +123,37 @@ class channel {
   virtual std::int64_t timeout_ms() const = 0;
 };
 
+/// A key-value store the ranks share: implemented by the torch half (bindings.cpp) over
+/// the group's c10d::Store, used by the cgx half as a cgx::comm::kv_store (the set-up of
+/// the device transports with no MPI: comm::store_bootstrap). Throws std::runtime_error.
+class kv {
+ public:
+  virtual ~kv() = default;
+  virtual void set(const std::string& key, const std::vector<std::uint8_t>& value) = 0;
+  /// True and the value in `out` when `key` is set; false (at once) when not.
+  virtual bool try_get(const std::string& key, std::vector<std::uint8_t>& out) = 0;
+  /// Atomically adds `delta` to the counter under `key` (0 when unset); the new value.
+  virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
+};
+
+/// cgx::comm::store_bootstrap over a kv, type-erased (every call collective over the
+/// group; each bounded by the limit it was made with; throws cgx::error).
+class bootstrap {
+ public:
+  virtual ~bootstrap() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// Rank r's m bytes land at all[r * m, (r + 1) * m) on every rank.
+  virtual void allgather(const void* mine, std::size_t m, void* all) = 0;
+  virtual void barrier() = 0;
+  virtual bool same_node() = 0;
+};
+
+/// Collective: a store_bootstrap of rank `rank` of `size` over `store`, its keys under
+/// `prefix`, every step bounded by `timeout_ms` (0: none).
+std::unique_ptr<bootstrap> make_store_bootstrap(std::shared_ptr<kv> store, int rank, int size,
+                                                const std::string& prefix, std::int64_t timeout_ms);
+
 /// A host plan (cgx::layerwise_plan) over a torch.distributed process group (through
 /// `ch`). Collective over the group.
 std::unique_ptr<plan> make_pg_host_plan(std::shared_ptr<channel> ch, dtype t, std::size_t n,

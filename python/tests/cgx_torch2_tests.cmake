@@ -21,6 +21,8 @@
 #                             LM with AdamW; cgx 4-bit and the hook's 2- and 1-bit defaults
 #                             within the validation-loss tolerances measured for them
 #                             (docs/results/lm-adam.md), identical parameters on every rank
+#   store_boot2.torchrun3     python/tests/test_store_bootstrap.py: the device transports'
+#                             set-up over the job's Store (_C.StoreBootstrap), on CPU
 #   ddp_device2.torchrun2     python/tests/test_ddp_device.py --device cpu: the DDP check that
 #                             scripts/gpu-check runs on CUDA tensors, on CPU ones
 #   (cgx_torch2.torchrun3, train_ddp2.torchrun4 and lm_adam2.torchrun4 run under
@@ -81,6 +83,14 @@ add_test(NAME lm_adam2.torchrun4
 set_tests_properties(lm_adam2.torchrun4 PROPERTIES FIXTURES_REQUIRED cgx_torch2
                      LABELS "python;torch2;training" PROCESSORS 4 ENVIRONMENT "${_t2_env}" TIMEOUT 600
                      FAIL_REGULAR_EXPRESSION "FAILED")
+
+# The device transports' set-up over the job's Store (comm::store_bootstrap behind
+# _C.StoreBootstrap), on CPU: a fake NCCL id exchange, same_node, a late rank, unequal lengths.
+add_test(NAME store_boot2.torchrun3
+         COMMAND ${_t2_no_mpi} ${_t2_run} --nproc-per-node 3 ${PROJECT_SOURCE_DIR}/python/tests/test_store_bootstrap.py)
+set_tests_properties(store_boot2.torchrun3 PROPERTIES FIXTURES_REQUIRED cgx_torch2 LABELS "python;torch2" PROCESSORS 3
+                     ENVIRONMENT "${_t2_env}" TIMEOUT 300 PASS_REGULAR_EXPRESSION "test_store_bootstrap: PASS"
+                     FAIL_REGULAR_EXPRESSION "FAIL")
 
 # python/tests/test_ddp_device.py, which scripts/gpu-check runs on CUDA tensors on a GPU
 # machine, here on CPU tensors: the script itself is tested on every CI run.
