@@ -158,11 +158,8 @@ define_macros = [("OMPI_SKIP_MPICXX", "1"), ("MPICH_SKIP_MPICXX", "1")]  # MPI's
 if mpi:
     define_macros.append(("CGX_TORCH_WITH_MPI", "1"))
 extra = {"cxx": cxx}
-# The device plans run over comm::mpi (mpi_device): a build without MPI has none; its CUDA
-# tensors are staged through the host over the process group.
-if cuda and not mpi:
-    print("cgx_torch: no MPI: device plans not built (CUDA tensors go through host copies)", file=sys.stderr)
-    cuda = False
+# The device plans run over comm::mpi (mpi_device; builds with MPI) and over comm::cuda_ipc
+# set up through a torch.distributed group's Store (every CUDA build, with or without MPI).
 if cuda:
     sources.append(os.path.join(csrc, "device_plans.cu"))
     define_macros.append(("CGX_TORCH_WITH_CUDA", "1"))

@@ -388,12 +388,56 @@ def _group_timeout_ms(pg):
     return max(1, int(t.total_seconds() * 1000))
 
 
+#: CGX_TORCH_DEVICE_TRANSPORT's values: how a torch.distributed group reduces CUDA tensors.
+DEVICE_TRANSPORTS = ("host", "cuda_ipc", "auto")
+
+#: Device plans made so far per group name: their Store keys' prefixes (never reused in a
+#: process; every rank makes its plans in the same order, so the counts agree).
+_device_plan_seq = {}
+
+
+def device_transport_choice(have_store=True):
+    """The device transport of a torch.distributed group's CUDA tensors, from
+    CGX_TORCH_DEVICE_TRANSPORT: None for "host" (the default: staged through a pinned host
+    copy over the group, as before), "cuda_ipc" (cgx's device plans over comm::cuda_ipc,
+    set up through the group's Store: the ranks of one node; CGXError where this build
+    lacks it), or, for "auto", "cuda_ipc" when it is compiled, a GPU is visible and the
+    whole job runs on one node (torchrun's LOCAL_WORLD_SIZE equals WORLD_SIZE), else None.
+    The choice must be the same on every rank (the plans' agreement checks it)."""
+    v = os.environ.get("CGX_TORCH_DEVICE_TRANSPORT", "host").strip().lower() or "host"
+    if v not in DEVICE_TRANSPORTS:
+        raise ValueError(f"cgx_torch: CGX_TORCH_DEVICE_TRANSPORT={v!r} is not one of {', '.join(DEVICE_TRANSPORTS)}")
+    if v == "host":
+        return None
+    compiled = "cuda_ipc" in _C.device_transports() and have_store
+    if v == "cuda_ipc":
+        if not compiled:
+            raise CGXError("cgx_torch: CGX_TORCH_DEVICE_TRANSPORT=cuda_ipc, but "
+                           + ("this torch hides the group's Store" if not have_store else
+                              "this build has no device plans over cuda_ipc (" + _C.build_info() + ")")
+                           + "; unset it to stage CUDA tensors through the host")
+        return "cuda_ipc"
+    one_node = os.environ.get("LOCAL_WORLD_SIZE") is not None and \
+        os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
+    return "cuda_ipc" if compiled and one_node and torch.cuda.is_available() else None
+
+
 class TorchGroup:
     """The ranks of a torch.distributed process group (gloo): plans over the group's own
     send/recv (the extension's Channel), failure reports through its Store. Needs no MPI.
-    CUDA tensors are staged through a host copy (the device plans run over MPI)."""
+    CUDA tensors are staged through a host copy, or, with CGX_TORCH_DEVICE_TRANSPORT
+    (device_transport_choice), reduced on the device by plans over comm::cuda_ipc set up
+    through the group's Store."""
 
     stages_cuda = True
+    device_transport = None
+
+    def _init_device(self, store, name):
+        """The transport of this group's CUDA tensors, and what their plans set up
+        through: the group's Store (None: hidden) and a name unique to the group."""
+        self.device_transport = device_transport_choice(store is not None)
+        self.stages_cuda = self.device_transport is None
+        self._dev_store, self._dev_name = store, name
 
     def __init__(self, pg):
         """pg: a torch.distributed ProcessGroup (dist.group.WORLD for the default one)."""
@@ -405,14 +449,27 @@ class TorchGroup:
         self.channel = _C.Channel(pg, _group_store(pg), self.timeout_ms, "cgx_torch/failure/" + _group_name(pg))
         self.size, self.rank = self.channel.size, self.channel.rank
         self.key = ("torch", id(pg))
+        self._init_device(_group_store(pg), "group/" + _group_name(pg))
 
     def check(self, hash_, bad):
-        """Collective: (every rank passed the same hash, some rank passed bad)."""
+        """Collective: (every rank passed the same hash, some rank passed bad). The
+        device transport is part of what must agree."""
+        if self.device_transport is not None:
+            hash_ = stable_hash((hash_, self.device_transport))
         return self.channel.check(hash_, bad)
 
     def plan(self, t, layers, settings):
-        """A plan for the (CPU) tensor t's buffer (collective)."""
-        return _C.Plan(self.channel, str(t.dtype).replace("torch.", ""), "cpu", -1, t.numel(), layers,
+        """A plan for tensor t's buffer (collective): over the group's channel for a CPU
+        tensor, over the device transport for a CUDA one (not staged)."""
+        dtype = str(t.dtype).replace("torch.", "")
+        if t.device.type != "cuda":
+            return _C.Plan(self.channel, dtype, "cpu", -1, t.numel(), layers, settings.config())
+        if self.device_transport is None:
+            raise CGXError("cgx_torch: a CUDA tensor reached a group that stages CUDA tensors through the host")
+        seq = _device_plan_seq[self._dev_name] = _device_plan_seq.get(self._dev_name, 0) + 1
+        index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        return _C.Plan(self._dev_store, f"cgx_torch/device/{self._dev_name}/{seq}", self.rank, self.size,
+                       self.timeout_ms, self.device_transport, dtype, "cuda", index, t.numel(), layers,
                        settings.config())
 
     def exact_allreduce_(self, t):
@@ -451,6 +508,7 @@ class PrivateGroup(TorchGroup):
                                         datetime.timedelta(milliseconds=self.timeout_ms))
         self.channel = _C.Channel(self.pg, prefixed, self.timeout_ms, "failure")
         self.key = ("private", key, id(self))
+        self._init_device(prefixed, "private/" + key)
         self._exact_pg = None
 
     def exact_pg(self):

@@ -372,6 +372,7 @@ if _C10dBackend is not None:
             self.channel = _C.Channel(gloo, store, self.timeout_ms, "cgx_torch/backend-failure")
             self.size, self.rank = self.channel.size, self.channel.rank
             self.key = ("backend", id(self))
+            self._init_device(store, "backend")
 
         def exact_allreduce_(self, t):
             """Sums t in place with the compressed calls' gloo backend (exact)."""
@@ -382,6 +383,12 @@ if _C10dBackend is not None:
 
     def _avg_of(op):
         return op == dist.ReduceOp.AVG
+
+    def _on_stream(stream):
+        """A context that makes `stream` (a torch.cuda.Stream, or None: nothing) current."""
+        import contextlib
+
+        return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
     class CGXBackend(_C10dBackend):
         """torch.distributed backend ``cgx`` (see the module comment)."""
@@ -523,16 +530,19 @@ if _C10dBackend is not None:
         def _entry(self, t, scatter, s):
             """(plan, staging buffer or None) for t with settings s, built once per shape,
             dtype, device, operation and settings (agreed: _propose, _settle): one layer
-            (allreduce) or one layer per rank's shard (reduce-scatter). A float16,
-            bfloat16 or CUDA tensor, and every reduce-scatter's input, goes through a
-            float32 (or float64) host buffer kept with the plan. Runs on the worker."""
+            (allreduce) or one layer per rank's shard (reduce-scatter). A float16 or
+            bfloat16 tensor goes through a float32 buffer kept with the plan; a CUDA
+            tensor's allreduce runs on the device where the group has a device transport
+            (CGX_TORCH_DEVICE_TRANSPORT), else through a host buffer, as does every
+            reduce-scatter's input. Runs on the worker."""
             key = self._key(t, scatter, s)
             entry = self._plans.get(key)
             if entry is None:
                 # (a reduce-scatter leaves all but its shard unspecified: always on a copy)
-                staged = scatter or t.dtype in _core.STAGED_DTYPES or t.device.type != "cpu"
-                buf = torch.empty(t.numel(), dtype=torch.float32 if t.dtype in _core.STAGED_DTYPES else t.dtype) \
-                    if staged else None
+                on_device = t.device.type == "cuda" and not scatter and not self._group.stages_cuda
+                staged = scatter or t.dtype in _core.STAGED_DTYPES or (t.device.type != "cpu" and not on_device)
+                buf = torch.empty(t.numel(), dtype=torch.float32 if t.dtype in _core.STAGED_DTYPES else t.dtype,
+                                  device=t.device if on_device else "cpu") if staged else None
                 n, p = t.numel(), self._size
                 layers = [(r * (n // p), n // p, False) for r in range(p)] if scatter else [(0, n, False)]
                 plan = _core.new_plan(self._group, buf if staged else t, layers, s)
@@ -574,12 +584,16 @@ if _C10dBackend is not None:
                 s, pth, ticket = self._call_settings(lambda s: self._key(t, False, s))  # read now, at the call
                 self.calls += s is not None and s.bits != 0
 
+                stream = torch.cuda.current_stream(t.device) if t.device.type == "cuda" else None
+
                 def run():
                     self._settle(ticket)
                     if s.bits == 0:
                         return [self._worker_exact_allreduce(t, avg)]  # gloo's exact sum, in the worker's order
-                    self._chosen(pth, ("allreduce", str(t.dtype), t.device.type, s), t.numel() * t.element_size(),
-                                 lambda: self._reduce(t, avg, s), lambda: self._worker_exact_allreduce(t, avg))
+                    with _on_stream(stream):  # the caller's stream: copies and device plans ordered after its work
+                        self._chosen(pth, ("allreduce", str(t.dtype), t.device.type, s),
+                                     t.numel() * t.element_size(), lambda: self._reduce(t, avg, s),
+                                     lambda: self._worker_exact_allreduce(t, avg))
                     return [t]
 
                 return self._submit(run, t.device.type)

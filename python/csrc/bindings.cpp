@@ -336,6 +336,25 @@ struct py_channel {
   }
 };
 
+/// plans.hpp's kv over a c10d::Store (the group's: TCPStore under torchrun, FileStore,
+/// HashStore, PrefixStore). try_get asks check() first, so it never blocks on a missing key.
+class store_kv final : public cgx_torch::kv {
+ public:
+  explicit store_kv(c10::intrusive_ptr<c10d::Store> s) : s_(std::move(s)) {
+    if (!s_) throw py::value_error("cgx_torch: the store is None");
+  }
+  void set(const std::string& key, const std::vector<std::uint8_t>& value) override { s_->set(key, value); }
+  bool try_get(const std::string& key, std::vector<std::uint8_t>& out) override {
+    if (!s_->check({key})) return false;
+    out = s_->get(key);
+    return true;
+  }
+  std::int64_t add(const std::string& key, std::int64_t delta) override { return s_->add(key, delta); }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> s_;
+};
+
 /// A layer-wise plan for one fused buffer: one dtype, one device, one size.
 class py_plan {
  public:
@@ -346,6 +365,35 @@ class py_plan {
           const layer_list& layers, const cgx_torch::plan_config& cfg)
       : py_plan(dtype, device, device_index) {
     build(comm_f, nullptr, n, layers, cfg);
+  }
+  /// Over a torch.distributed group's Store: a device plan (CUDA tensors) whose transport
+  /// (`transport`: "cuda_ipc"; "nccl" where compiled) sets up through the Store, keys
+  /// under `prefix` (unique per plan, the same on every rank).
+  py_plan(c10::intrusive_ptr<c10d::Store> store, const std::string& prefix, int rank, int size,
+          std::int64_t timeout_ms, const std::string& transport, const std::string& dtype,
+          const std::string& device, int device_index, std::size_t n, const layer_list& layers,
+          const cgx_torch::plan_config& cfg)
+      : py_plan(dtype, device, device_index) {
+    if (!cuda_) throw py::value_error("cgx_torch: a plan over the group's Store reduces CUDA tensors");
+    cgx_torch::device_transport x{};
+    if (transport == "cuda_ipc")
+      x = cgx_torch::device_transport::cuda_ipc;
+    else if (transport == "nccl")
+      x = cgx_torch::device_transport::nccl;
+    else
+      throw py::value_error("cgx_torch: device transport '" + transport + "' is not one of cuda_ipc, nccl");
+    auto k = std::make_shared<store_kv>(std::move(store));
+    std::vector<cgx_torch::layer_desc> ls;
+    ls.reserve(layers.size());
+    for (const auto& [o, c, one_d] : layers) ls.push_back({o, c, one_d});
+    py::gil_scoped_release nogil;
+    guarded([&] {
+#ifdef CGX_TORCH_WITH_CUDA
+      c10::cuda::CUDAGuard g(static_cast<c10::DeviceIndex>(device_index_));
+#endif
+      p_ = cgx_torch::make_store_device_plan(std::move(k), prefix, rank, size, timeout_ms, x, dtype_, n, std::move(ls),
+                                             cfg);
+    });
   }
   /// Over a torch.distributed process group (its channel); CPU tensors.
   py_plan(std::shared_ptr<py_channel> ch, const std::string& dtype, const std::string& device, int device_index,
@@ -494,25 +542,6 @@ class py_plan {
   int device_index_;
 };
 
-/// plans.hpp's kv over a c10d::Store (the group's: TCPStore under torchrun, FileStore,
-/// HashStore, PrefixStore). try_get asks check() first, so it never blocks on a missing key.
-class store_kv final : public cgx_torch::kv {
- public:
-  explicit store_kv(c10::intrusive_ptr<c10d::Store> s) : s_(std::move(s)) {
-    if (!s_) throw py::value_error("cgx_torch: the store is None");
-  }
-  void set(const std::string& key, const std::vector<std::uint8_t>& value) override { s_->set(key, value); }
-  bool try_get(const std::string& key, std::vector<std::uint8_t>& out) override {
-    if (!s_->check({key})) return false;
-    out = s_->get(key);
-    return true;
-  }
-  std::int64_t add(const std::string& key, std::int64_t delta) override { return s_->add(key, delta); }
-
- private:
-  c10::intrusive_ptr<c10d::Store> s_;
-};
-
 /// cgx_torch._C.StoreBootstrap: the set-up of the device transports over the job's Store
 /// (comm::store_bootstrap), exposed for tests and diagnostics.
 struct py_store_bootstrap {
@@ -620,6 +649,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("channel"), py::arg("dtype"), py::arg("device"), py::arg("device_index"), py::arg("n"),
            py::arg("layers"), py::arg("config"),
            "Collective over the process group of channel (a Channel); CPU tensors.")
+      .def(py::init<c10::intrusive_ptr<c10d::Store>, const std::string&, int, int, std::int64_t, const std::string&,
+                    const std::string&, const std::string&, int, std::size_t,
+                    const std::vector<std::tuple<std::size_t, std::size_t, bool>>&, const cgx_torch::plan_config&>(),
+           py::arg("store"), py::arg("prefix"), py::arg("rank"), py::arg("size"), py::arg("timeout_ms"),
+           py::arg("transport"), py::arg("dtype"), py::arg("device"), py::arg("device_index"), py::arg("n"),
+           py::arg("layers"), py::arg("config"),
+           "Collective over the ranks of a torch.distributed group through its Store: a device plan (CUDA "
+           "tensors) over transport 'cuda_ipc' (the ranks of one node), set up with keys under prefix (unique per "
+           "plan, the same on every rank); every wait bounded by timeout_ms. CGXError where this build has no "
+           "device plans or the transport, or the ranks are not on one node.")
       .def("check", &py_plan::check, py::arg("tensor"),
            "Raises TypeError/ValueError unless the tensor fits the plan (dtype, device, contiguous, size).")
       .def("run", &py_plan::run, py::arg("tensor"),
@@ -738,6 +777,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             return guarded([&] { return x.b->same_node(); });
           }, "True on every rank when all ranks run on one node (host name and boot).");
 
+  m.def("device_transports", [] { return cgx_torch::device_transports_compiled(); },
+        "The device transports compiled into this build, e.g. 'cuda_ipc (Store), mpi (mpi4py)' ('' without CUDA).");
   m.def("build_info", [] { return guarded([] { return cgx_torch::build_info(); }); },
         "cgx version, host kernels, MPI library and whether device plans were compiled.");
 }

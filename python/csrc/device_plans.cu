@@ -1,13 +1,20 @@
 // The CUDA half of the extension, compiled by nvcc only where torch has CUDA and the
 // toolkit is found (setup.py builds a CUDAExtension then): cgx::layerwise_device_plan on
-// the caller's stream (the current torch stream, handed over by bindings.cpp). No torch
-// header here (see plans.hpp).
+// the caller's stream (the current torch stream, handed over by bindings.cpp), over
+// comm::mpi (an mpi4py communicator; builds with MPI) or over comm::cuda_ipc set up
+// through the job's Store (comm::store_bootstrap: torchrun, no MPI). No torch header
+// here (see plans.hpp).
 #include "plans.hpp"
+#include "kv_ref.hpp"
 #include "snapshot.hpp"
 
 #include <cgx/cgx.cuh>
 
+#include <chrono>
+#include <cstdint>
+#include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -15,8 +22,9 @@ namespace cgx_torch {
 
 namespace {
 
-cgx::layerwise_options to_device_options(const plan_config& c) {
+cgx::layerwise_options to_device_options(const plan_config& c, std::int64_t timeout_ms) {
   cgx::layerwise_options o;
+  if (timeout_ms >= 0) o.timeout_ms = static_cast<std::uint32_t>(timeout_ms);  // else CGX_TIMEOUT_MS's default
   o.defaults = cgx::layerwise_defaults{c.bits, c.bucket, c.min_compressed};
   o.error_feedback = false;  // host only (checked by the caller and by cgx)
   o.check = c.check_each_call ? cgx::checking::collective : cgx::checking::local;
@@ -25,16 +33,17 @@ cgx::layerwise_options to_device_options(const plan_config& c) {
   return o;
 }
 
-/// cgx::layerwise_device_plan<T, comm::mpi, Rounding> (over comm::mpi_device: compressed
-/// bytes staged through pinned host memory unless MPI is CUDA-aware; the plan is
-/// stream-ordered, run() synchronizes the stream so that the hook's result is in the
-/// tensor when it returns) with optional adaptive bits, whose statistics need the reduced
+/// cgx::layerwise_device_plan<T, X, Rounding> over transport X: comm::mpi (through
+/// comm::mpi_device: compressed bytes staged through pinned host memory unless MPI is
+/// CUDA-aware) or comm::cuda_ipc (the ranks of one node read each other's workspace). The
+/// plan is stream-ordered; run() synchronizes the stream so that the hook's result is in
+/// the tensor when it returns. Optional adaptive bits, whose statistics need the reduced
 /// buffer on the host: one copy per call.
-template <class T, class Rounding>
+template <class T, class X, class Rounding>
 class device_plan final : public plan {
  public:
-  device_plan(MPI_Comm comm, std::size_t n, std::vector<cgx::layer> layers, const plan_config& c)
-      : plan_(cgx::comm::mpi{comm}, n, layers, to_device_options(c)), interval_(c.adaptive_interval) {
+  device_plan(X x, std::size_t n, std::vector<cgx::layer> layers, const plan_config& c, std::int64_t timeout_ms)
+      : plan_(std::move(x), n, layers, to_device_options(c, timeout_ms)), interval_(c.adaptive_interval) {
     if (interval_ > 0) {
       cgx::adaptive_options a;
       a.min_bits = c.min_bits;
@@ -84,32 +93,67 @@ class device_plan final : public plan {
   }
 
  private:
-  cgx::layerwise_device_plan<T, cgx::comm::mpi, Rounding> plan_;
+  cgx::layerwise_device_plan<T, X, Rounding> plan_;
   std::optional<cgx::adaptive_bits> adapt_;
   std::vector<T> host_;
   int interval_;
 };
 
-template <class T>
-std::unique_ptr<plan> make_t(MPI_Comm comm, std::size_t n, std::vector<cgx::layer> layers, const plan_config& c) {
-  if (c.stochastic) return std::make_unique<device_plan<T, cgx::quant::stochastic>>(comm, n, std::move(layers), c);
-  return std::make_unique<device_plan<T, cgx::quant::nearest>>(comm, n, std::move(layers), c);
+template <class T, class X>
+std::unique_ptr<plan> make_t(X x, std::size_t n, std::vector<cgx::layer> layers, const plan_config& c,
+                             std::int64_t timeout_ms) {
+  if (c.stochastic)
+    return std::make_unique<device_plan<T, X, cgx::quant::stochastic>>(std::move(x), n, std::move(layers), c,
+                                                                       timeout_ms);
+  return std::make_unique<device_plan<T, X, cgx::quant::nearest>>(std::move(x), n, std::move(layers), c, timeout_ms);
+}
+
+std::vector<cgx::layer> to_cgx_layers(const std::vector<layer_desc>& layers) {
+  std::vector<cgx::layer> ls;
+  for (const auto& l : layers) ls.push_back(cgx::layer{l.offset, l.count, l.one_dimensional});
+  return ls;
 }
 
 }  // namespace
 
 bool device_plans_compiled() { return true; }
 
+std::string device_transports_compiled() {
+#ifdef CGX_TORCH_WITH_MPI
+  return "cuda_ipc (Store), mpi (mpi4py)";
+#else
+  return "cuda_ipc (Store)";
+#endif
+}
+
 std::unique_ptr<plan> make_device_plan(int comm_f, dtype t, std::size_t n, std::vector<layer_desc> layers,
                                        const plan_config& c) {
+#ifdef CGX_TORCH_WITH_MPI
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) throw cgx::error(cgx::errc::communicator, "MPI is not initialized (import mpi4py.MPI first)");
   MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(comm_f));
-  std::vector<cgx::layer> ls;
-  for (const auto& l : layers) ls.push_back(cgx::layer{l.offset, l.count, l.one_dimensional});
-  if (t == dtype::f32) return make_t<float>(comm, n, std::move(ls), c);
-  return make_t<double>(comm, n, std::move(ls), c);
+  if (t == dtype::f32) return make_t<float>(cgx::comm::mpi{comm}, n, to_cgx_layers(layers), c, -1);
+  return make_t<double>(cgx::comm::mpi{comm}, n, to_cgx_layers(layers), c, -1);
+#else
+  (void)comm_f, (void)t, (void)n, (void)layers, (void)c;
+  throw cgx::error(cgx::errc::invalid_argument,
+                   "cgx_torch: this build has no MPI: device plans over an mpi4py communicator are not available "
+                   "(a torch.distributed group's CUDA tensors use comm::cuda_ipc over its Store)");
+#endif
+}
+
+std::unique_ptr<plan> make_store_device_plan(std::shared_ptr<kv> store, const std::string& prefix, int rank, int size,
+                                             std::int64_t timeout_ms, device_transport x, dtype t, std::size_t n,
+                                             std::vector<layer_desc> layers, const plan_config& c) {
+  if (x != device_transport::cuda_ipc)
+    throw cgx::error(cgx::errc::invalid_argument,
+                     "cgx_torch: comm::nccl is not compiled into this build (cuda_ipc is: the ranks of one node)");
+  kv_bootstrap boot(kv_ref{std::move(store)}, rank, size, prefix,
+                    std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms));
+  cgx::comm::cuda_ipc ipc{std::move(boot)};  // collective; errc::communicator when not on one node
+  if (t == dtype::f32) return make_t<float>(std::move(ipc), n, to_cgx_layers(layers), c, timeout_ms);
+  return make_t<double>(std::move(ipc), n, to_cgx_layers(layers), c, timeout_ms);
 }
 
 }  // namespace cgx_torch

@@ -101,7 +101,7 @@ std::string build_info() {
          "; host plans: float32, float64; host kernels: " +
          std::string(cgx::quant::to_string(cgx::quant::active_host_isa())) + "; MPI: " + mpi_library() +
          "; torch.distributed process groups: yes; device plans: " +
-         (device_plans_compiled() ? "compiled" : "not compiled");
+         (device_plans_compiled() ? "compiled (transports: " + device_transports_compiled() + ")" : "not compiled");
 }
 
 }  // namespace cgx_torch

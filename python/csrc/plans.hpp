@@ -176,6 +176,22 @@ bool device_plans_compiled();
 std::unique_ptr<plan> make_device_plan(int comm_f, dtype t, std::size_t n, std::vector<layer_desc> layers,
                                        const plan_config& c);
 
+/// The device transports a device plan over a torch.distributed group's Store may use.
+enum class device_transport { cuda_ipc, nccl };
+
+/// What device transports this build has, for build_info ("" without CUDA).
+std::string device_transports_compiled();
+
+/// A device plan (cgx::layerwise_device_plan) over the ranks of a torch.distributed group,
+/// its transport (comm::cuda_ipc: one node) set up through the group's Store (a
+/// comm::store_bootstrap of rank `rank` of `size`, keys under `prefix`, unique per plan
+/// and the same on every rank). Every wait bounded by `timeout_ms`. Collective; throws
+/// cgx::error (errc::communicator when cuda_ipc's ranks are not on one node,
+/// errc::invalid_argument for a transport this build lacks, errc::timeout for a missing rank).
+std::unique_ptr<plan> make_store_device_plan(std::shared_ptr<kv> store, const std::string& prefix, int rank, int size,
+                                             std::int64_t timeout_ms, device_transport x, dtype t, std::size_t n,
+                                             std::vector<layer_desc> layers, const plan_config& c);
+
 /// The size of the communicator with Fortran handle `comm_f`; throws when MPI is not
 /// initialized or the handle is not a usable intra-communicator.
 int comm_size(int comm_f);

@@ -1,40 +1,18 @@
 // The cgx half of the Store set-up: cgx::comm::store_bootstrap over the kv that
 // bindings.cpp implements on the group's c10d::Store. No torch header here (see plans.hpp).
 #include "plans.hpp"
-
-#include <cgx/comm/store_bootstrap.hpp>
+#include "kv_ref.hpp"
 
 #include <chrono>
-#include <cstring>
+#include <cstddef>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <utility>
-#include <vector>
 
 namespace cgx_torch {
 
 namespace {
-
-/// plans.hpp's kv as a cgx::comm::kv_store (copies share the store).
-struct kv_ref {
-  std::shared_ptr<kv> k;
-  void set(const std::string& key, std::span<const std::byte> v) {
-    std::vector<std::uint8_t> b(v.size());
-    if (!v.empty()) std::memcpy(b.data(), v.data(), v.size());
-    k->set(key, b);
-  }
-  std::optional<std::vector<std::byte>> try_get(const std::string& key) {
-    std::vector<std::uint8_t> b;
-    if (!k->try_get(key, b)) return std::nullopt;
-    std::vector<std::byte> out(b.size());
-    if (!b.empty()) std::memcpy(out.data(), b.data(), b.size());
-    return out;
-  }
-  std::int64_t add(const std::string& key, std::int64_t d) { return k->add(key, d); }
-};
-static_assert(cgx::comm::kv_store<kv_ref>);
 
 class store_boot final : public bootstrap {
  public:
@@ -50,7 +28,7 @@ class store_boot final : public bootstrap {
   bool same_node() override { return b_.same_node(); }
 
  private:
-  cgx::comm::store_bootstrap<kv_ref> b_;
+  kv_bootstrap b_;
 };
 
 }  // namespace

@@ -23,6 +23,8 @@
 #                             (docs/results/lm-adam.md), identical parameters on every rank
 #   store_boot2.torchrun3     python/tests/test_store_bootstrap.py: the device transports'
 #                             set-up over the job's Store (_C.StoreBootstrap), on CPU
+#   device_choice2            python/tests/test_device_choice.py: CGX_TORCH_DEVICE_TRANSPORT
+#                             (host, cuda_ipc, auto) and the Store plan's refusals
 #   ddp_device2.torchrun2     python/tests/test_ddp_device.py --device cpu: the DDP check that
 #                             scripts/gpu-check runs on CUDA tensors, on CPU ones
 #   (cgx_torch2.torchrun3, train_ddp2.torchrun4 and lm_adam2.torchrun4 run under
@@ -90,6 +92,12 @@ add_test(NAME store_boot2.torchrun3
          COMMAND ${_t2_no_mpi} ${_t2_run} --nproc-per-node 3 ${PROJECT_SOURCE_DIR}/python/tests/test_store_bootstrap.py)
 set_tests_properties(store_boot2.torchrun3 PROPERTIES FIXTURES_REQUIRED cgx_torch2 LABELS "python;torch2" PROCESSORS 3
                      ENVIRONMENT "${_t2_env}" TIMEOUT 300 PASS_REGULAR_EXPRESSION "test_store_bootstrap: PASS"
+                     FAIL_REGULAR_EXPRESSION "FAIL")
+
+# Which transport a group's CUDA tensors take (CGX_TORCH_DEVICE_TRANSPORT), one process.
+add_test(NAME device_choice2 COMMAND "${CGX_TORCH2_PYTHON}" ${PROJECT_SOURCE_DIR}/python/tests/test_device_choice.py)
+set_tests_properties(device_choice2 PROPERTIES FIXTURES_REQUIRED cgx_torch2 LABELS "python;torch2"
+                     ENVIRONMENT "${_t2_env}" TIMEOUT 120 PASS_REGULAR_EXPRESSION "test_device_choice: PASS"
                      FAIL_REGULAR_EXPRESSION "FAIL")
 
 # python/tests/test_ddp_device.py, which scripts/gpu-check runs on CUDA tensors on a GPU

@@ -6,7 +6,9 @@
 The ranks share the GPUs (rank % device count: on a one-GPU machine both use cuda:0) and
 DDP's gloo group. Every rank trains the same small MLP from the same initial weights
 twice, on the same batches: with DDP's own allreduce (fp32) and with the cgx hook at 4
-bits (the hook reduces the CUDA bucket through its host staging path under torchrun).
+bits (under torchrun the hook stages CUDA buckets through the host, or, with
+CGX_TORCH_DEVICE_TRANSPORT=cuda_ipc and a CUDA build, reduces them on the device over
+comm::cuda_ipc set up through the job's Store; --expect-transport checks which).
 Checks (exit status 1 otherwise):
   - the hook was given buckets on the device asked for, and returned them there;
   - every rank ends with bit-identical parameters, in each configuration;
@@ -48,7 +50,7 @@ def digest(model):
     return h.hexdigest()
 
 
-def train(cfg, device, rank, size, steps, seen):
+def train(cfg, device, rank, size, steps, seen, transports):
     model = DDP(make_model(device), device_ids=[device.index] if device.type == "cuda" else None)
     state = None
     if cfg == "cgx4":
@@ -86,6 +88,7 @@ def train(cfg, device, rank, size, steps, seen):
     out = [None] * size
     dist.all_gather_object(out, digest(model.module))
     if state is not None:
+        transports.add(str(getattr(state.group, "device_transport", None) if device.type == "cuda" else "n/a"))
         state.free()
     return losses, out
 
@@ -94,6 +97,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--expect-transport", default="",
+                    help="the device transport the hook must have used for CUDA buckets (e.g. cuda_ipc; "
+                         "'None': staged through the host)")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -109,7 +115,8 @@ def main():
     res = {}
     for cfg in ("fp32", "cgx4"):
         seen = set()
-        losses, digests = train(cfg, device, rank, size, args.steps, seen)
+        transports = set()
+        losses, digests = train(cfg, device, rank, size, args.steps, seen, transports)
         res[cfg] = losses
         if rank == 0:
             print(f"{cfg}: loss {losses[0]:.4f} -> {losses[-1]:.4f} ({args.steps} steps, {size} ranks, {device})",
@@ -120,6 +127,11 @@ def main():
             failures.append(f"{cfg}: the loss did not go down ({losses[0]:.4f} -> {losses[-1]:.4f})")
         if cfg == "cgx4" and seen != {device.type, "out:" + device.type}:
             failures.append(f"cgx4: the hook saw buckets on {sorted(seen)}, expected {device.type} in and out")
+        if cfg == "cgx4" and args.expect_transport and transports != {args.expect_transport}:
+            failures.append(f"cgx4: the hook's group reduced CUDA buckets over {sorted(transports)}, "
+                            f"not {args.expect_transport} (CGX_TORCH_DEVICE_TRANSPORT)")
+        if cfg == "cgx4" and rank == 0 and device.type == "cuda":
+            print(f"cgx4: CUDA buckets over {sorted(transports)} (None: staged through the host)", flush=True)
     if abs(res["cgx4"][-1] - res["fp32"][-1]) > 0.1 * res["fp32"][-1]:
         failures.append(f"cgx4's final loss {res['cgx4'][-1]:.4f} is not within 10% of fp32's {res['fp32'][-1]:.4f}")
     for f in failures:
