@@ -198,8 +198,10 @@ class store_bootstrap {
                                                    std::to_string(size) + ", prefix '" + prefix_ + "'");
     barrier();
   }
-  store_bootstrap(store_bootstrap&&) noexcept = default;
-  store_bootstrap& operator=(store_bootstrap&&) noexcept = default;
+  /// Takes over o's store and step count (o is left for destruction only).
+  store_bootstrap(store_bootstrap&& o) noexcept = default;
+  /// Takes over o's store and step count (o is left for destruction only).
+  store_bootstrap& operator=(store_bootstrap&& o) noexcept = default;
   store_bootstrap(const store_bootstrap&) = delete;
   store_bootstrap& operator=(const store_bootstrap&) = delete;
   ~store_bootstrap() = default;
