@@ -60,6 +60,7 @@ every compressed call, in one small allreduce: MismatchError raised by every ran
 ``wait()``, and the group goes on).
 """
 import atexit
+import contextlib
 import datetime
 import json
 import os
@@ -386,8 +387,6 @@ if _C10dBackend is not None:
 
     def _on_stream(stream):
         """A context that makes `stream` (a torch.cuda.Stream, or None: nothing) current."""
-        import contextlib
-
         return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
     class CGXBackend(_C10dBackend):

@@ -383,9 +383,7 @@ class py_plan {
     else
       throw py::value_error("cgx_torch: device transport '" + transport + "' is not one of cuda_ipc, nccl");
     auto k = std::make_shared<store_kv>(std::move(store));
-    std::vector<cgx_torch::layer_desc> ls;
-    ls.reserve(layers.size());
-    for (const auto& [o, c, one_d] : layers) ls.push_back({o, c, one_d});
+    std::vector<cgx_torch::layer_desc> ls = descs(layers);
     py::gil_scoped_release nogil;
     guarded([&] {
 #ifdef CGX_TORCH_WITH_CUDA
@@ -413,11 +411,16 @@ class py_plan {
       throw py::value_error("cgx_torch: device '" + device + "' is not supported (cpu or cuda)");
   }
 
-  void build(int comm_f, std::shared_ptr<cgx_torch::channel> ch, std::size_t n, const layer_list& layers,
-             const cgx_torch::plan_config& cfg) {
+  static std::vector<cgx_torch::layer_desc> descs(const layer_list& layers) {
     std::vector<cgx_torch::layer_desc> ls;
     ls.reserve(layers.size());
     for (const auto& [o, c, one_d] : layers) ls.push_back({o, c, one_d});
+    return ls;
+  }
+
+  void build(int comm_f, std::shared_ptr<cgx_torch::channel> ch, std::size_t n, const layer_list& layers,
+             const cgx_torch::plan_config& cfg) {
+    std::vector<cgx_torch::layer_desc> ls = descs(layers);
     py::gil_scoped_release nogil;
     guarded([&] {
       if (ch) {

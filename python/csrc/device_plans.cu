@@ -108,12 +108,6 @@ std::unique_ptr<plan> make_t(X x, std::size_t n, std::vector<cgx::layer> layers,
   return std::make_unique<device_plan<T, X, cgx::quant::nearest>>(std::move(x), n, std::move(layers), c, timeout_ms);
 }
 
-std::vector<cgx::layer> to_cgx_layers(const std::vector<layer_desc>& layers) {
-  std::vector<cgx::layer> ls;
-  for (const auto& l : layers) ls.push_back(cgx::layer{l.offset, l.count, l.one_dimensional});
-  return ls;
-}
-
 }  // namespace
 
 bool device_plans_compiled() { return true; }
@@ -133,8 +127,8 @@ std::unique_ptr<plan> make_device_plan(int comm_f, dtype t, std::size_t n, std::
   MPI_Initialized(&initialized);
   if (!initialized) throw cgx::error(cgx::errc::communicator, "MPI is not initialized (import mpi4py.MPI first)");
   MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(comm_f));
-  if (t == dtype::f32) return make_t<float>(cgx::comm::mpi{comm}, n, to_cgx_layers(layers), c, -1);
-  return make_t<double>(cgx::comm::mpi{comm}, n, to_cgx_layers(layers), c, -1);
+  if (t == dtype::f32) return make_t<float>(cgx::comm::mpi{comm}, n, detail::to_layers(layers), c, -1);
+  return make_t<double>(cgx::comm::mpi{comm}, n, detail::to_layers(layers), c, -1);
 #else
   (void)comm_f, (void)t, (void)n, (void)layers, (void)c;
   throw cgx::error(cgx::errc::invalid_argument,
@@ -152,8 +146,8 @@ std::unique_ptr<plan> make_store_device_plan(std::shared_ptr<kv> store, const st
   kv_bootstrap boot(kv_ref{std::move(store)}, rank, size, prefix,
                     std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms));
   cgx::comm::cuda_ipc ipc{std::move(boot)};  // collective; errc::communicator when not on one node
-  if (t == dtype::f32) return make_t<float>(std::move(ipc), n, to_cgx_layers(layers), c, timeout_ms);
-  return make_t<double>(std::move(ipc), n, to_cgx_layers(layers), c, timeout_ms);
+  if (t == dtype::f32) return make_t<float>(std::move(ipc), n, detail::to_layers(layers), c, timeout_ms);
+  return make_t<double>(std::move(ipc), n, detail::to_layers(layers), c, timeout_ms);
 }
 
 }  // namespace cgx_torch

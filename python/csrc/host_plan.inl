@@ -20,13 +20,6 @@
 
 namespace cgx_torch::detail {
 
-inline std::vector<cgx::layer> to_layers(const std::vector<layer_desc>& ls) {
-  std::vector<cgx::layer> out;
-  out.reserve(ls.size());
-  for (const auto& l : ls) out.push_back(cgx::layer{l.offset, l.count, l.one_dimensional});
-  return out;
-}
-
 inline cgx::layerwise_options to_options(const plan_config& c) {
   cgx::layerwise_options o;
   o.defaults = cgx::layerwise_defaults{c.bits, c.bucket, c.min_compressed};

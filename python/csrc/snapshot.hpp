@@ -16,6 +16,14 @@
 
 namespace cgx_torch::detail {
 
+/// plans.hpp's layer descriptions as cgx::layer (host and device plans).
+inline std::vector<cgx::layer> to_layers(const std::vector<layer_desc>& ls) {
+  std::vector<cgx::layer> out;
+  out.reserve(ls.size());
+  for (const auto& l : ls) out.push_back(cgx::layer{l.offset, l.count, l.one_dimensional});
+  return out;
+}
+
 /// The snapshot of `p` (a layerwise_plan or layerwise_device_plan) and `a`, with the
 /// error-feedback residuals `residual` (empty without error feedback).
 template <class Plan, class T>

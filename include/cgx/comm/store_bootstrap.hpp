@@ -212,8 +212,6 @@ class store_bootstrap {
   [[nodiscard]] int size() const noexcept { return size_; }
   /// The bound of every step (zero: none).
   [[nodiscard]] std::chrono::milliseconds limit() const noexcept { return limit_; }
-  /// The store.
-  [[nodiscard]] S& store() noexcept { return store_; }
 
   /// Collective: rank r's `mine` lands at all[r * m, (r + 1) * m) on every rank, m =
   /// mine.size(). \throws cgx::error(errc::timeout) on every rank when some rank did not
