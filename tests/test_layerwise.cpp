@@ -521,6 +521,22 @@ TEST_CASE("error feedback with the default plan at 1, 2, 4, 8 bits: same bits, t
   }
 }
 
+namespace {
+// One call of `plan` (collective checking, settings that differ between ranks):
+// errc::mismatch on every rank and the buffer untouched.
+void refused_as_mismatch(cgx::layerwise_plan<float, mpi>& plan, int r, std::size_t n) {
+  auto x = inputs<float>(r, n, 3);
+  const auto orig = x;
+  try {
+    plan(x.data(), n);
+    FAIL("no throw");
+  } catch (const cgx::error& e) {
+    CHECK(e.code() == cgx::errc::mismatch);
+  }
+  CHECK(x == orig);
+}
+}  // namespace
+
 TEST_CASE("error feedback with a decay: 0 reduces with nearest rounding's bits, same bits on every rank, mismatch caught") {
   const int r = world_rank(), p = world_size();
   const std::vector<layer> ls{{0, 6000, false}, {6000, 40, true}, {6040, 3000, false}};
@@ -576,15 +592,60 @@ TEST_CASE("error feedback with a decay: 0 reduces with nearest rounding's bits, 
         mpi{MPI_COMM_WORLD}, n, ls,
         {.defaults = {.bits = 2}, .error_feedback = true, .error_feedback_decay = r == 0 ? 0.5 : 1.0,
          .check = cgx::checking::collective}};
-    auto x = inputs<float>(r, n, 3);
-    const auto orig = x;
-    try {
-      plan(x.data(), n);
-      FAIL("no throw");
-    } catch (const cgx::error& e) {
-      CHECK(e.code() == cgx::errc::mismatch);
+    refused_as_mismatch(plan, r, n);
+  }
+}
+
+TEST_CASE("error feedback of the contributions only (error_feedback_sum = false)") {
+  const int r = world_rank(), p = world_size();
+  const std::vector<layer> ls{{0, 6000, false}, {6000, 40, true}, {6040, 3000, false}};
+  const std::size_t n = 9040;
+  for (int bits : {1, 2, 4}) {
+    CAPTURE(bits);
+    const cgx::layerwise_options all{.defaults = {.bits = bits}, .error_feedback = true};
+    cgx::layerwise_options only = all;
+    only.error_feedback_sum = false;
+    cgx::layerwise_plan<float, mpi> a{mpi{MPI_COMM_WORLD}, n, ls, all}, c{mpi{MPI_COMM_WORLD}, n, ls, only};
+    std::vector<bool> owned(n, false);
+    for (const auto& pc : c.layout().pieces(r))
+      for (std::size_t i = pc.begin; i < pc.begin + pc.count; ++i) owned[i] = true;
+    bool differs = false, sum_residual = false;
+    for (int call = 0; call < 4; ++call) {
+      CAPTURE(call);
+      auto x = inputs<float>(r, n, 60 + static_cast<std::size_t>(call)), y = x;
+      a(x.data(), n);
+      c(y.data(), n);
+      CHECK(layers_identical(y, ls));  // same bits on every rank
+      if (call == 0) CHECK(x == y);    // no residual yet: the same encoding of the same values
+      differs = differs || x != y;
+      const auto ea = a.feedback().residual(), ec = c.feedback().residual();
+      bool zero_owned = true, same_contrib = true;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (owned[i]) {
+          zero_owned = zero_owned && ec[i] == 0.0f;
+          sum_residual = sum_residual || ea[i] != 0.0f;
+        } else {
+          // a contribution's residual depends on the contribution alone, whichever the mode
+          same_contrib = same_contrib && ea[i] == ec[i];
+        }
+      }
+      CHECK(zero_owned);
+      CHECK(same_contrib);
     }
-    CHECK(x == orig);
+    // With the sum's residual carried (the default) the owned chunk's bits change from the
+    // second call; without it they do not depend on it (this test would not see a mode
+    // that is ignored).
+    if (p > 1) {
+      CHECK(sum_residual);
+      CHECK(differs);
+    }
+  }
+  if (p > 1) {
+    // Ranks that set different modes: errc::mismatch on every rank, buffers untouched.
+    cgx::layerwise_plan<float, mpi> plan{mpi{MPI_COMM_WORLD}, n, ls,
+                                         {.defaults = {.bits = 2}, .error_feedback = true, .error_feedback_sum = r != 0,
+                                          .check = cgx::checking::collective}};
+    refused_as_mismatch(plan, r, n);
   }
 }
 
@@ -691,6 +752,9 @@ TEST_CASE("same bits (issue 17): layerwise_plan with mixed settings, error feedb
     ef_half.error_feedback_decay = 0.5;
     layerwise_checksum<float, mpi, cgx::quant::stochastic>("error_feedback_decay", ef_half, false);
     layerwise_checksum<double, mpi, cgx::quant::nearest>("error_feedback", ef, false);
+    cgx::layerwise_options ef_contrib = ef_half;
+    ef_contrib.error_feedback_sum = false;
+    layerwise_checksum<float, mpi, cgx::quant::stochastic>("error_feedback_contributions", ef_contrib, false);
     layerwise_checksum<float, mpi, cgx::quant::stochastic>("adaptive", {}, true);
   });
 }

@@ -87,7 +87,10 @@
 /// both quantizations of SRA: in the chunks this rank sends to their owners it holds
 /// the residual of this rank's contribution; in the chunk it owns, the residual of the
 /// quantized sum (added into the next call's sum once; R is then the range of the sum
-/// before compensation). Uncompressed values keep a zero residual.
+/// before compensation), unless layerwise_options::error_feedback_sum is false: then the
+/// owned chunk's sum is encoded with the same deterministic encoder and keeps a zero
+/// residual (only the rank's own contributions are compensated). Uncompressed values keep
+/// a zero residual.
 
 #include <algorithm>
 #include <cmath>

@@ -61,6 +61,12 @@ struct layerwise_options {
   /// it every call (what cgx_torch's hook uses at 1 bit: better under Adam). Every rank
   /// must set the same value (checked with the settings).
   double error_feedback_decay = 1.0;
+  /// With error feedback: also feed back the error of quantizing the sum of the chunk this
+  /// rank owns (true: the residual of the owned chunk is the sum's re-quantization error,
+  /// added into the next call's sum), or feed back only the error of this rank's own
+  /// contributions (false: the sum is encoded with the same deterministic encoder and
+  /// its error is dropped). Every rank must set the same value (checked with the settings).
+  bool error_feedback_sum = true;
   checking check = checking::automatic;  ///< argument checking level (as allreduce_plan's)
   std::uint64_t seed = 0x63677821u;      ///< seed of stochastic rounding
   int threads = 1;                       ///< host threads for (de)compression, per rank
@@ -134,6 +140,7 @@ class layerwise_base {
     if (opts_.error_feedback && opts_.error_feedback_decay != 1.0) {  // mixed only then: old signatures stay
       h.mix(std::bit_cast<std::uint64_t>(opts_.error_feedback_decay));
     }
+    if (opts_.error_feedback && !opts_.error_feedback_sum) h.mix(0x6573);  // "es": mixed only then
     h.mix(layout_.size());
     for (std::size_t i = 0; i < settings_.size(); ++i) {
       h.mix(layout_.layers()[i].offset);
@@ -490,7 +497,9 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
         const quant::rng_state s = schedule::keyed(rng, d.sum_key(me, comm::chunk{pc.begin, pc.count}));
         std::byte* o = sum + pc.offset;
         if (ef_.size()) {
+          if (!this->opts_.error_feedback_sum) ef_.clear(pc.begin, pc.count);  // no residual carried in
           ef_quantize(buf, pc, o, s, ex);
+          if (!this->opts_.error_feedback_sum) ef_.clear(pc.begin, pc.count);  // nor kept
           continue;
         }
         c.compress(buf + pc.begin, pc.count, o, s, ex);
