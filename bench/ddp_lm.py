@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """A small causal transformer language model trained with DDP (CPU, gloo) on a synthetic
-sequence task, with its gradients reduced by DDP's own allreduce (fp32) or by the cgx hook
-at several widths, with AdamW or SGD: what each width costs in validation loss.
+sequence task (or, with --task, a word-level LM on real English or an MLP on real digits),
+with its gradients reduced by DDP's own allreduce (fp32) or by the cgx hook at several
+widths, with AdamW or SGD: what each width costs in validation loss.
 
     torchrun --standalone --nproc-per-node 4 bench/ddp_lm.py                   # the table (docs/results/lm-adam.md)
     torchrun --standalone --nproc-per-node 4 bench/ddp_lm.py --ci              # the short form ctest runs, with checks
     torchrun ... bench/ddp_lm.py --opts adamw --configs fp32,4,2,2ef --seeds 1,2,3
+    torchrun ... bench/ddp_lm.py --task words --vocab 1024 --lr-adamw 1e-3 ...   # docs/results/tasks-adamw.txt
+    torchrun ... bench/ddp_lm.py --task digits --d-model 128 ...                  # (needs scikit-learn)
 
-The task (made in the program from a fixed seed, the same on every rank; nothing is
+The default task (--task markov; made in the program from a fixed seed, the same on every rank; nothing is
 downloaded): sequences of --ctx tokens over a vocabulary of --vocab symbols, drawn from a
 random order-2 Markov chain (the last token picks 4 candidates, the one before their
 weights) into which copies of earlier spans of the same sequence are spliced (a copy
@@ -19,11 +22,14 @@ positions, an untied output layer), the same initial weights in every configurat
 Every configuration sees the same batches (--batch sequences per rank and step).
 
 A configuration is "fp32" (DDP's allreduce, no hook) or a cgx hook setting:
-    <bits>[ef|noef][-k<bucket>][-w<steps>][-n|-s][-m<values>][-e<bits>[tpo]][-d<decay>][-plain]   e.g. 2, 2ef-d0.5
+    <bits>[ef|noef][-k<bucket>][-w<steps>][-n|-s][-m<values>][-e<bits>[tpo]][-d<decay>][-c|-a][-plain]   e.g. 2, 2ef-d0.5
     adaptive[ef]                                   adaptive bits (2..8, average <= 4)
 "<bits>" alone is cgx_torch.CGXState(bits=<bits>) with the hook's defaults; "ef" / "noef"
 set error_feedback=True / False; -k<bucket>, -w<warmup_steps>, -n (nearest), -s (stochastic),
--m<min_compressed>, -d<ef_decay> override one setting; -e<b>[t][p][o] gives the token embedding, the
+-m<min_compressed>, -d<ef_decay> override one setting; -c / -a: error feedback of each rank's
+contributions only (ef_sum=False) / of the sums it quantizes as owner too (ef_sum=True); -auto:
+the hook's default path (by default here every bucket takes the compressed plan, so that the
+result does not depend on timing); -e<b>[t][p][o] gives the token embedding, the
 position embedding and the output layer (all three unless named) b bits through
 param_bits (0: uncompressed); "-plain"
 is the hook's settings before issue 37: bucket 1024, stochastic rounding (and error
@@ -94,6 +100,107 @@ def make_sequences(chain, vocab, n, length, seed, p_copy=0.08, p_stop=0.12):
         x[:, t] = torch.where(copying, x[rows, t - back], nxt)
         copying &= u[:, 2] >= p_stop
     return x
+
+
+def load_words(vocab):
+    """The words of the license texts every Debian system carries (/usr/share/common-licenses,
+    regular files in name order: real English, about 48k words): a token stream of ids, the
+    vocab - 1 most frequent words and an id for every other word; and the number of tokens."""
+    import re
+    from collections import Counter
+    root = "/usr/share/common-licenses"
+    names = sorted(f for f in os.listdir(root) if os.path.isfile(os.path.join(root, f))
+                   and not os.path.islink(os.path.join(root, f)))
+    text = " ".join(open(os.path.join(root, f), encoding="utf-8", errors="replace").read() for f in names)
+    words = re.findall(r"[a-z]+|[0-9]+|[^\sa-z0-9]", text.lower())
+    common = [w for w, _ in Counter(words).most_common(vocab - 1)]
+    ids = {w: i for i, w in enumerate(common)}
+    return torch.tensor([ids.get(w, vocab - 1) for w in words], dtype=torch.long)
+
+
+def word_sequences(stream, ctx, block=256):
+    """The stream cut into blocks of `block` tokens, every 10th held out: training windows of
+    ctx tokens at every start within a training block, validation windows not overlapping
+    within the held-out blocks (spread over every text, not one license)."""
+    blocks = stream[: len(stream) // block * block].view(-1, block)
+    held = torch.arange(blocks.shape[0]) % 10 == 5
+    train = blocks[~held].unfold(1, ctx, 1).reshape(-1, ctx)
+    val = blocks[held].unfold(1, ctx, ctx).reshape(-1, ctx)
+    return train.contiguous(), val.contiguous()
+
+
+def load_digits_data():
+    """scikit-learn's handwritten digits (1797 8x8 images, UCI; shipped inside the package, nothing
+    downloaded), scaled to [0, 1], shuffled with a fixed seed: 1437 training / 360 held out."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise SystemExit("ddp_lm: --task digits needs scikit-learn (pip install scikit-learn)")
+    d = load_digits()
+    x = torch.tensor(d.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(d.target, dtype=torch.long)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(5))
+    x, y = x[perm], y[perm]
+    return (x[:1437], y[:1437]), (x[1437:], y[1437:])
+
+
+class MLP(nn.Module):
+    """A classifier: Linear-ReLU layers of the given widths."""
+
+    def __init__(self, dims):
+        super().__init__()
+        self.net = nn.Sequential(*[m for i in range(len(dims) - 1) for m in
+                                   ([nn.Linear(dims[i], dims[i + 1])] + ([nn.ReLU()] if i < len(dims) - 2 else []))])
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class Task:
+    """The data, the model and the loss of one --task."""
+
+    def __init__(self, args):
+        self.name = args.task
+        if args.task == "markov":
+            chain = make_chain(args.vocab, 20261206)
+            self.train = make_sequences(chain, args.vocab, args.train, args.ctx, 1)
+            self.val = make_sequences(chain, args.vocab, args.val, args.ctx, 2)
+            self.what = (f"synthetic Markov-2 + copy task, {args.train} training / {args.val} validation sequences")
+        elif args.task == "words":
+            stream = load_words(args.vocab)
+            self.train, self.val = word_sequences(stream, args.ctx)
+            self.what = (f"word-level LM on /usr/share/common-licenses ({len(stream)} tokens, vocabulary "
+                         f"{args.vocab}), {self.train.shape[0]} training / {self.val.shape[0]} validation windows")
+        else:
+            (self.x, self.y), (self.vx, self.vy) = load_digits_data()
+            self.train = self.x
+            self.what = f"digits classifier (scikit-learn), {len(self.y)} training / {len(self.vy)} held-out images"
+        self.args = args
+
+    def model(self):
+        a = self.args
+        if self.name == "digits":
+            return MLP([64] + [a.d_model] * a.layers + [10])
+        return LM(a.vocab, a.ctx, a.d_model, a.heads, a.layers)
+
+    def describe(self, n_params):
+        a = self.args
+        if self.name == "digits":
+            return f"MLP 64-{'-'.join([str(a.d_model)] * a.layers)}-10 ({n_params} parameters); {self.what}"
+        return (f"transformer LM {a.layers} layers, d {a.d_model}, {a.heads} heads, context {a.ctx - 1}, vocabulary "
+                f"{a.vocab} ({n_params} parameters); {self.what}")
+
+    def loss(self, net, idx):
+        """The training loss of the samples idx."""
+        if self.name == "digits":
+            return F.cross_entropy(net(self.x[idx]), self.y[idx])
+        xb = self.train[idx]
+        return F.cross_entropy(net(xb[:, :-1]).reshape(-1, self.args.vocab), xb[:, 1:].reshape(-1))
+
+    def val_loss(self, net):
+        if self.name == "digits":
+            return F.cross_entropy(net(self.vx), self.vy).item()
+        return F.cross_entropy(net(self.val[:, :-1]).reshape(-1, self.args.vocab), self.val[:, 1:].reshape(-1)).item()
 
 
 # ---------------------------------------------------------------------------- the model
@@ -181,6 +288,10 @@ def hook_kwargs(cfg):
             kw["min_compressed"] = int(m[1:])
         elif m.startswith("d"):  # -d<decay>: error-feedback decay
             kw["ef_decay"] = float(m[1:])
+        elif m == "auto":  # the hook's measured choice of path per bucket (timing-dependent bits)
+            kw["path"] = "auto"
+        elif m in ("c", "a"):  # error feedback of the contributions only / of the owned sums too
+            kw["ef_sum"] = m == "a"
         elif m == "n":
             kw["rounding"] = "nearest"
         elif m == "s":
@@ -190,18 +301,24 @@ def hook_kwargs(cfg):
     return kw
 
 
-def train(cfg, opt_name, seed, args, data, val, rank, p):
+def train(cfg, opt_name, seed, args, task, rank, p):
     """One run; returns (validation loss, train loss of the last 20 steps, digest, ms/step, bits/value)."""
     torch.manual_seed(1000 + seed)
-    net = LM(args.vocab, args.ctx, args.d_model, args.heads, args.layers)
+    net = task.model()
     model = DDP(net, bucket_cap_mb=args.bucket_mb)
     kw = hook_kwargs(cfg)
     state = None
     if kw is not None:
         wide = kw.pop("wide", None)
         if wide is not None:
+            if task.name == "digits":
+                raise SystemExit("ddp_lm: -e applies to the language models' embeddings and output layer")
             named = {"t": net.tok.weight, "p": net.pos.weight, "o": net.out.weight}
             kw["param_bits"] = {named[c]: wide[0] for c in wide[1]}
+        # every bucket through its compressed plan unless the configuration says -auto: with the
+        # hook's default path ("auto") which buckets go exact depends on timing, and so would
+        # the validation loss (measured: 2-bit on --task words +0.106..+0.183 over four runs)
+        kw.setdefault("path", "compressed")
         state = cgx_torch.CGXState(**kw)
         model.register_comm_hook(state, cgx_torch.cgx_hook)
     if opt_name == "adamw":
@@ -212,7 +329,7 @@ def train(cfg, opt_name, seed, args, data, val, rank, p):
     n_values = sum(q.numel() for q in net.parameters())
     g = torch.Generator().manual_seed(77 + seed)  # the same batches in every configuration of this seed
     losses, times, bits = [], [], []
-    n = data.shape[0]
+    n = task.train.shape[0]
     for st in range(args.steps):
         # linear warm-up over the first 5% of the steps, then cosine to 10%
         w = min(1.0, (st + 1) / max(1, args.steps // 20))
@@ -220,11 +337,9 @@ def train(cfg, opt_name, seed, args, data, val, rank, p):
         for grp, lr in zip(opt.param_groups, base):
             grp["lr"] = lr * w * c
         idx = torch.randint(0, n, (p, args.batch), generator=g)[rank]
-        xb = data[idx]
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        logits = model(xb[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, args.vocab), xb[:, 1:].reshape(-1))
+        loss = task.loss(model, idx)
         loss.backward()
         opt.step()
         times.append(time.perf_counter() - t0)
@@ -232,7 +347,7 @@ def train(cfg, opt_name, seed, args, data, val, rank, p):
         if state is not None:  # bits on the wire per value, metadata included (fp32's ring: 32)
             bits.append(8 * state.bytes_sent() / (n_values * 2 * (p - 1) / p))
     with torch.no_grad():
-        vl = F.cross_entropy(net(val[:, :-1]).reshape(-1, args.vocab), val[:, 1:].reshape(-1)).item()
+        vl = task.val_loss(net)
     digest = param_digest(net)
     if state is not None:
         state.free()
@@ -248,6 +363,10 @@ def main():
                     "2-plain,1-plain,2ef-plain,1ef-plain,2-e0,1-e0,1-w60")
     ap.add_argument("--seeds", default="1")
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--task", choices=("markov", "words", "digits"), default="markov",
+                    help="markov: the synthetic sequences (default); words: a word-level LM on Debian's license "
+                         "texts (--vocab 1024 advised: embeddings dominate); digits: an MLP on scikit-learn's "
+                         "digits (--d-model: width, --layers: hidden layers)")
     ap.add_argument("--batch", type=int, default=8, help="sequences per rank and step")
     ap.add_argument("--ctx", type=int, default=24, help="tokens per sequence (the model sees ctx - 1)")
     ap.add_argument("--vocab", type=int, default=32)
@@ -268,16 +387,12 @@ def main():
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo")
     rank, p = dist.get_rank(), dist.get_world_size()
-    chain = make_chain(args.vocab, 20261206)
-    data = make_sequences(chain, args.vocab, args.train, args.ctx, 1)
-    val = make_sequences(chain, args.vocab, args.val, args.ctx, 2)
-    n_params = sum(q.numel() for q in LM(args.vocab, args.ctx, args.d_model, args.heads, args.layers).parameters())
+    task = Task(args)
+    n_params = sum(q.numel() for q in task.model().parameters())
     configs, seeds = args.configs.split(","), [int(s) for s in args.seeds.split(",")]
     if rank == 0:
-        print(f"ddp_lm: {p} ranks (torchrun, gloo), torch {torch.__version__}; transformer LM {args.layers} layers, "
-              f"d {args.d_model}, {args.heads} heads, context {args.ctx - 1}, vocabulary {args.vocab} "
-              f"({n_params} parameters); synthetic Markov-2 + copy task, {args.train} training / {args.val} "
-              f"validation sequences; {args.steps} steps, batch {args.batch} per rank; AdamW lr {args.lr_adamw} "
+        print(f"ddp_lm: {p} ranks (torchrun, gloo), torch {torch.__version__}; {task.describe(n_params)}; "
+              f"{args.steps} steps, batch {args.batch} per rank; AdamW lr {args.lr_adamw} "
               f"wd 0.01, SGD lr {args.lr_sgd} momentum 0.9 (warm-up 5%, cosine to 10%); seeds {args.seeds}")
         print(f"{'opt':<6} {'config':<14} {'seed':>4} {'val_loss':>9} {'vs_fp32':>8} {'train':>7} {'bits':>6} "
               f"{'step_ms':>8}  same params", flush=True)
@@ -286,7 +401,7 @@ def main():
         for seed in seeds:
             ref = None
             for cfg in configs:
-                vl, tl, digest, ms, bits = train(cfg, opt_name, seed, args, data, val, rank, p)
+                vl, tl, digest, ms, bits = train(cfg, opt_name, seed, args, task, rank, p)
                 digests = [None] * p
                 dist.all_gather_object(digests, digest)
                 same = len(set(digests)) == 1

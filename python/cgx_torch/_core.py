@@ -66,6 +66,7 @@ class Settings:
     seed: int = 0x63677821
     threads: int = 1
     ef_decay: float = 1.0
+    ef_sum: bool = True
 
     def __post_init__(self):
         """Checks the settings; ValueError/TypeError for values the plans do not take."""
@@ -84,6 +85,8 @@ class Settings:
         if isinstance(self.ef_decay, bool) or not isinstance(self.ef_decay, (int, float)) or \
                 not 0.0 <= self.ef_decay <= 1.0:
             raise ValueError(f"cgx_torch: ef_decay must be a number in [0, 1] (got {self.ef_decay!r})")
+        if not isinstance(self.ef_sum, bool):
+            raise ValueError(f"cgx_torch: ef_sum must be True or False (got {self.ef_sum!r})")
         if not 0 <= int(self.seed) < 2**64:
             raise ValueError("cgx_torch: seed must be in [0, 2**64)")
         a = self.adaptive
@@ -104,6 +107,7 @@ class Settings:
         c.stochastic = self.rounding == "stochastic"
         c.error_feedback = self.error_feedback
         c.ef_decay = float(self.ef_decay)
+        c.ef_sum = self.ef_sum
         c.check_each_call = False  # the Python side checks (see _agree)
         c.seed = int(self.seed)
         c.threads = self.threads
@@ -142,9 +146,16 @@ def default_ef_decay(bits):
 # against +0.024; under SGD 0.5 was the best decay at 1 bit as well. 3-8 bits: whole.
 DEFAULT_EF_DECAY = {1: 0.5, 2: 0.5}
 
+# Whether the hook's error feedback also feeds back the error of the sums a rank quantizes
+# as the owner of a chunk (layerwise_options::error_feedback_sum). Measured with AdamW, 4
+# ranks, 3 seeds (docs/results/tasks-adamw.txt): on the transformer LM 2 bits +0.014 with
+# it, +0.012 without, 1 bit +0.026 / +0.028; on the digits MLP 2 bits +0.020 / +0.018, 1 bit
+# +0.073 / +0.101: not the reason error feedback costs under Adam; the default stays.
+DEFAULT_EF_SUM = True
+
 
 def make_settings(bits=4, bucket=1024, rounding="stochastic", min_compressed=1024, error_feedback=False,
-                  adaptive=None, check="build", seed=0x63677821, threads=1, ef_decay=1.0) -> Settings:
+                  adaptive=None, check="build", seed=0x63677821, threads=1, ef_decay=1.0, ef_sum=True) -> Settings:
     """Settings from keyword arguments; ``adaptive=True`` means ``AdaptiveOptions()``."""
     if adaptive is True:
         adaptive = AdaptiveOptions()
@@ -153,7 +164,8 @@ def make_settings(bits=4, bucket=1024, rounding="stochastic", min_compressed=102
     elif isinstance(adaptive, dict):
         adaptive = AdaptiveOptions(**adaptive)
     return Settings(bits, bucket, rounding, min_compressed, error_feedback, adaptive, check, seed, threads,
-                    float(ef_decay) if isinstance(ef_decay, int) and not isinstance(ef_decay, bool) else ef_decay)
+                    float(ef_decay) if isinstance(ef_decay, int) and not isinstance(ef_decay, bool) else ef_decay,
+                    ef_sum)
 
 
 class Worker:
@@ -649,7 +661,8 @@ _EXACT = "exact"  # _plans' entry for a key reduced by MPI (EXACT_DTYPES)
 
 
 def allreduce_(tensor, bits=4, *, bucket=None, rounding=None, min_compressed=1024, error_feedback=False,
-               adaptive=None, average=False, comm=None, check="build", seed=0x63677821, threads=1, ef_decay=1.0):
+               adaptive=None, average=False, comm=None, check="build", seed=0x63677821, threads=1, ef_decay=1.0,
+               ef_sum=True):
     """Sums ``tensor`` over the ranks of ``comm`` in place (a torch.distributed ProcessGroup
     or an mpi4py communicator; default: MPI.COMM_WORLD under mpirun, else
     torch.distributed's default group, as torchrun sets up),
@@ -662,7 +675,9 @@ def allreduce_(tensor, bits=4, *, bucket=None, rounding=None, min_compressed=102
     (1-2 bits: 128 and nearest; 3-8 bits: 1024 and stochastic); a tensor of fewer than ``min_compressed`` values goes uncompressed.
     ``error_feedback`` keeps this rank's quantization residual for the next call with
     the same shape and settings (host only), carried into that call multiplied by
-    ``ef_decay`` (in [0, 1]; 1: whole); ``adaptive`` (True or AdaptiveOptions)
+    ``ef_decay`` (in [0, 1]; 1: whole); ``ef_sum=False`` feeds back only the error of this
+    rank's own contributions, not that of the sums it quantizes for the others (see the
+    hook's ``CGXState``); ``adaptive`` (True or AdaptiveOptions)
     re-picks the bits from the reduced values; ``average`` divides the sum by the number
     of ranks.
 
@@ -683,7 +698,7 @@ def allreduce_(tensor, bits=4, *, bucket=None, rounding=None, min_compressed=102
     bucket = default_bucket(bits) if bucket is None else bucket
     rounding = default_rounding(bits) if rounding is None else rounding
     s = make_settings(bits, bucket, rounding, min_compressed, error_feedback, adaptive, check, seed, threads,
-                      ef_decay)
+                      ef_decay, ef_sum)
     group = group_of(comm)
     problem = tensor_problem(tensor, True if group.stages_cuda else None)
     if problem is None and error_feedback and tensor.device.type == "cuda":

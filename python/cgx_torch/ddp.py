@@ -71,6 +71,8 @@ class CGXState:
     ``ef_decay`` (in [0, 1]) is the factor each residual is carried into the next step
     with; by default 0.5 at 1 and 2 bits (halved each step: better under Adam, where a
     whole residual sends small gradients in bursts), 1 (whole) at 3-8 bits.
+    ``ef_sum`` (default True): also feed back the error of the sums this rank quantizes as
+    the owner of a chunk; False feeds back its own contributions' error only.
     ``warmup_steps``: the first steps reduced uncompressed (exact), then ``bits``.
 
     ``path`` says how a bucket travels: "auto", the measured choice (the default where
@@ -123,7 +125,7 @@ class CGXState:
 
     def __init__(self, comm=None, bits=4, *, bucket=None, rounding=None, min_compressed=None,
                  error_feedback=None, adaptive=None, check="build", seed=0x63677821, threads=1, overlap=None,
-                 warmup_steps=0, param_bits=None, ef_decay=None, path=None):
+                 warmup_steps=0, param_bits=None, ef_decay=None, path=None, ef_sum=None):
         """See the class; raises ValueError/TypeError for bad settings or communicator."""
         self.param_bits = {}  # id(parameter) -> bits (0: uncompressed)
         for prm, b in (param_bits or {}).items():
@@ -135,7 +137,8 @@ class CGXState:
         self._param_refs = list((param_bits or {}).keys())  # keeps the ids valid
         self._ctor = dict(bits=bits, bucket=bucket, rounding=rounding, min_compressed=min_compressed,
                           error_feedback=error_feedback, adaptive=adaptive, check=check, seed=seed, threads=threads,
-                          overlap=overlap, warmup_steps=warmup_steps, ef_decay=ef_decay, path=path)
+                          overlap=overlap, warmup_steps=warmup_steps, ef_decay=ef_decay, path=path,
+                          ef_sum=ef_sum)
         if path is None:
             env = os.environ.get("CGX_PATH", "").strip()
             if env:
@@ -157,12 +160,14 @@ class CGXState:
             error_feedback = default_error_feedback(bits)
         if ef_decay is None:
             ef_decay = default_ef_decay(bits) if error_feedback else 1.0
+        if ef_sum is None:
+            ef_sum = _core.DEFAULT_EF_SUM
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"cgx_torch: warmup_steps must be an int >= 0 (got {warmup_steps!r})")
         self.warmup_steps = warmup_steps
         self.steps = 0  # steps begun: reductions of bucket 0 (DDP reduces bucket 0 first in every step)
         self.settings = _core.make_settings(bits, bucket, rounding, min_compressed, error_feedback, adaptive, check,
-                                            seed, threads, ef_decay)
+                                            seed, threads, ef_decay, ef_sum)
         # warm-up: the same buckets uncompressed (exact sums; the same bits on every rank)
         self._warm_settings = _core.make_settings(0, self.settings.bucket, self.settings.rounding, min_compressed,
                                                   False, None, check, seed, threads)
@@ -430,6 +435,7 @@ default_rounding = _core.default_rounding
 default_error_feedback = _core.default_error_feedback
 default_ef_decay = _core.default_ef_decay
 DEFAULT_EF_DECAY = _core.DEFAULT_EF_DECAY
+DEFAULT_EF_SUM = _core.DEFAULT_EF_SUM
 
 
 def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -590,6 +590,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                      "Keep each rank's quantization residual and add it to the next call (host plans only).")
       .def_readwrite("ef_decay", &cgx_torch::plan_config::ef_decay,
                      "Error feedback: the factor the residual is carried into the next call with, in [0, 1].")
+      .def_readwrite("ef_sum", &cgx_torch::plan_config::ef_sum,
+                     "Error feedback: also feed back the owned chunk's sum quantization error (False: contributions only).")
       .def_readwrite("check_each_call", &cgx_torch::plan_config::check_each_call,
                      "cgx's collective argument check on every call (one small exchange per call).")
       .def_readwrite("seed", &cgx_torch::plan_config::seed, "Seed of stochastic rounding.")

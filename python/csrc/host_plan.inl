@@ -25,6 +25,7 @@ inline cgx::layerwise_options to_options(const plan_config& c) {
   o.defaults = cgx::layerwise_defaults{c.bits, c.bucket, c.min_compressed};
   o.error_feedback = c.error_feedback;
   o.error_feedback_decay = c.ef_decay;
+  o.error_feedback_sum = c.ef_sum;
   o.check = c.check_each_call ? cgx::checking::collective : cgx::checking::local;
   o.seed = c.seed;
   o.threads = c.threads;

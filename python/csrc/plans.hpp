@@ -31,6 +31,7 @@ struct plan_config {
   bool stochastic = true;             // rounding: stochastic (CGX's) or nearest
   bool error_feedback = false;        // host plans only
   double ef_decay = 1.0;              // error feedback: residual carried times this, in [0, 1]
+  bool ef_sum = true;                 // error feedback: also of the owned chunk's sum (layerwise_options::error_feedback_sum)
   bool check_each_call = false;       // cgx's collective checking on every call
   std::uint64_t seed = 0x63677821u;
   int threads = 1;                    // host threads for (de)compression

@@ -223,6 +223,33 @@ def error_feedback_decay():
 
 
 @test
+def error_feedback_contributions():
+    """ef_sum=False: the error of this rank's contributions fed back, not that of the sums
+    it quantizes as owner: the first call's bits as with ef_sum=True (no residual yet),
+    later ones differ (p > 1), the same bits on every rank; not a bool: ValueError; ranks
+    that differ: MismatchError, the tensor untouched."""
+    g = torch.Generator().manual_seed(70 + rank)
+    xs = [torch.randn(6003, generator=g) for _ in range(4)]  # a shape of its own: fresh plans
+    out = {}
+    for ef_sum in (True, False):
+        out[ef_sum] = []
+        for x in xs:
+            t = x.clone()
+            cgx_torch.allreduce_(t, bits=2, error_feedback=True, ef_sum=ef_sum)
+            assert same_everywhere(t), ef_sum
+            out[ef_sum].append(t)
+    assert torch.equal(out[True][0], out[False][0])
+    if p > 1:
+        assert any(not torch.equal(a, b) for a, b in zip(out[True][1:], out[False][1:]))
+    raises(ValueError, lambda: cgx_torch.allreduce_(torch.ones(4096), error_feedback=True, ef_sum="no"), "ef_sum")
+    if p > 1:
+        t = torch.ones(5001)  # a shape no earlier test used: no rank has a cached plan
+        raises(cgx_torch.MismatchError,
+               lambda: cgx_torch.allreduce_(t, bits=2, error_feedback=True, ef_sum=rank == 0))
+        assert torch.all(t == 1)
+
+
+@test
 def half_precision_through_float32():
     """float16 and bfloat16: the float32 reduction of the same values, rounded once into
     the dtype (so the float32 bound holds up to that rounding); the same bits on every
@@ -376,6 +403,9 @@ def hook_low_bit_defaults_warmup_and_param_bits():
                       (dict(bits=4, error_feedback=True, ef_decay=0.25), 0.25)):
         assert cgx_torch.CGXState(overlap=False, **kw).settings.ef_decay == decay, kw
     raises(ValueError, lambda: cgx_torch.CGXState(bits=1, ef_decay=1.5), "ef_decay")
+    # the owner's sums fed back too unless told (docs/results/tasks-adamw.txt: no gain without)
+    assert cgx_torch.CGXState(bits=1, overlap=False).settings.ef_sum is True
+    assert cgx_torch.CGXState(bits=1, ef_sum=False, overlap=False).settings.ef_sum is False
     raises(ValueError, lambda: cgx_torch.CGXState(bits=2, warmup_steps=-1), "warmup_steps")
     raises(ValueError, lambda: cgx_torch.CGXState(bits=2, param_bits={torch.zeros(2): 9}), "param_bits")
     # warm-up: the first 2 steps are the exact sums (as bits=0), the third is compressed
