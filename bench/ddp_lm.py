@@ -288,6 +288,8 @@ def hook_kwargs(cfg):
             kw["min_compressed"] = int(m[1:])
         elif m.startswith("d"):  # -d<decay>: error-feedback decay
             kw["ef_decay"] = float(m[1:])
+        elif m == "rot":  # a screen: each bucket rotated in Python around the hook (rotated_hook)
+            kw["rot"] = True
         elif m == "auto":  # the hook's measured choice of path per bucket (timing-dependent bits)
             kw["path"] = "auto"
         elif m in ("c", "a"):  # error feedback of the contributions only / of the owned sums too
@@ -299,6 +301,38 @@ def hook_kwargs(cfg):
         else:
             raise SystemExit(f"ddp_lm: bad modifier {m!r} in {cfg!r}")
     return kw
+
+
+ROT_BLOCK = 128
+
+
+def _fwht_blocks(x):
+    """The orthonormal Walsh-Hadamard transform of each row of x (rows of ROT_BLOCK values)."""
+    h = 1
+    while h < ROT_BLOCK:
+        v = x.view(x.shape[0], -1, 2, h)
+        x = torch.stack((v[:, :, 0] + v[:, :, 1], v[:, :, 0] - v[:, :, 1]), dim=2).view(x.shape[0], ROT_BLOCK)
+        h *= 2
+    return x / math.sqrt(ROT_BLOCK)
+
+
+def rotated_hook(state, bucket):
+    """A screen of a rotation before quantization, in Python, not the plans' codec: the
+    bucket's leading whole blocks of ROT_BLOCK values are rotated (random signs, the same
+    on every rank, then Walsh-Hadamard), reduced by cgx_hook in the rotated domain (the
+    sum is linear), and rotated back. Blocks cross layer boundaries, so a layer the hook
+    sends uncompressed carries some of its compressed neighbours' values and vice versa."""
+    buf = bucket.buffer()
+    k = buf.numel() // ROT_BLOCK * ROT_BLOCK
+    signs = (torch.randint(0, 2, (k,), generator=torch.Generator().manual_seed(k)) * 2 - 1).to(buf.dtype)
+    head = buf[:k]
+    head.copy_(_fwht_blocks((head * signs).view(-1, ROT_BLOCK)).view(-1))
+
+    def back(f):
+        out = f.value()
+        out[:k].copy_(_fwht_blocks(out[:k].view(-1, ROT_BLOCK)).view(-1) * signs)
+        return out
+    return cgx_torch.cgx_hook(state, bucket).then(back)
 
 
 def train(cfg, opt_name, seed, args, task, rank, p):
@@ -319,8 +353,9 @@ def train(cfg, opt_name, seed, args, task, rank, p):
         # hook's default path ("auto") which buckets go exact depends on timing, and so would
         # the validation loss (measured: 2-bit on --task words +0.106..+0.183 over four runs)
         kw.setdefault("path", "compressed")
+        rot = kw.pop("rot", False)
         state = cgx_torch.CGXState(**kw)
-        model.register_comm_hook(state, cgx_torch.cgx_hook)
+        model.register_comm_hook(state, rotated_hook if rot else cgx_torch.cgx_hook)
     if opt_name == "adamw":
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr_adamw, weight_decay=0.01)
     else:
