@@ -58,6 +58,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import cgx_torch
+from mlp import make_model  # bench/mlp.py (bench/ is sys.path[0]): the DDP benchmarks' MLP
 
 # --ci: configurations and, per configuration, the largest validation-loss excess over
 # fp32 (same seed) allowed. Measured over seeds 1-6 of the short form
@@ -144,18 +145,6 @@ def load_digits_data():
     return (x[:1437], y[:1437]), (x[1437:], y[1437:])
 
 
-class MLP(nn.Module):
-    """A classifier: Linear-ReLU layers of the given widths."""
-
-    def __init__(self, dims):
-        super().__init__()
-        self.net = nn.Sequential(*[m for i in range(len(dims) - 1) for m in
-                                   ([nn.Linear(dims[i], dims[i + 1])] + ([nn.ReLU()] if i < len(dims) - 2 else []))])
-
-    def forward(self, x):
-        return self.net(x)
-
-
 class Task:
     """The data, the model and the loss of one --task."""
 
@@ -180,7 +169,7 @@ class Task:
     def model(self):
         a = self.args
         if self.name == "digits":
-            return MLP([64] + [a.d_model] * a.layers + [10])
+            return make_model([64] + [a.d_model] * a.layers + [10], seed=None)  # seeded by train()
         return LM(a.vocab, a.ctx, a.d_model, a.heads, a.layers)
 
     def describe(self, n_params):
@@ -316,6 +305,9 @@ def _fwht_blocks(x):
     return x / math.sqrt(ROT_BLOCK)
 
 
+_rot_signs = {}  # (values, dtype) -> the random signs of rotated_hook
+
+
 def rotated_hook(state, bucket):
     """A screen of a rotation before quantization, in Python, not the plans' codec: the
     bucket's leading whole blocks of ROT_BLOCK values are rotated (random signs, the same
@@ -324,7 +316,10 @@ def rotated_hook(state, bucket):
     sends uncompressed carries some of its compressed neighbours' values and vice versa."""
     buf = bucket.buffer()
     k = buf.numel() // ROT_BLOCK * ROT_BLOCK
-    signs = (torch.randint(0, 2, (k,), generator=torch.Generator().manual_seed(k)) * 2 - 1).to(buf.dtype)
+    signs = _rot_signs.get((k, buf.dtype))
+    if signs is None:  # once per bucket size: the same signs on every rank and step
+        signs = (torch.randint(0, 2, (k,), generator=torch.Generator().manual_seed(k)) * 2 - 1).to(buf.dtype)
+        _rot_signs[(k, buf.dtype)] = signs
     head = buf[:k]
     head.copy_(_fwht_blocks((head * signs).view(-1, ROT_BLOCK)).view(-1))
 

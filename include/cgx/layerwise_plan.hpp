@@ -497,9 +497,10 @@ class layerwise_plan : public detail::layerwise_base<layerwise_plan<T, X, Roundi
         const quant::rng_state s = schedule::keyed(rng, d.sum_key(me, comm::chunk{pc.begin, pc.count}));
         std::byte* o = sum + pc.offset;
         if (ef_.size()) {
-          if (!this->opts_.error_feedback_sum) ef_.clear(pc.begin, pc.count);  // no residual carried in
           ef_quantize(buf, pc, o, s, ex);
-          if (!this->opts_.error_feedback_sum) ef_.clear(pc.begin, pc.count);  // nor kept
+          // contributions only: the sum's error is dropped (what the owned chunk carries in is
+          // this rank's own, e.g. a contribution's residual from before a change of layout)
+          if (!this->opts_.error_feedback_sum) ef_.clear(pc.begin, pc.count);
           continue;
         }
         c.compress(buf + pc.begin, pc.count, o, s, ex);
